@@ -1,0 +1,37 @@
+// openmla: dense MLA decode (MQA mode: absorbed weights, one latent KV head of 576 dims, of
+// which the first 512 are also the values).
+//
+// Request b has Sq new query tokens and seq_lens[b] cached tokens (the new ones included).
+// With causal, query token s (0-based among the Sq) sees keys 0 .. seq_lens[b]-Sq+s
+// (bottom-right aligned); without, it sees all seq_lens[b] keys. Key t of request b lives in
+// kv_cache[block_table[b][t / page_size], t % page_size]. Entries of block_table past a
+// request's last page are never read. seq_lens[b] == 0 gives output 0 and LSE -inf.
+#pragma once
+
+#include "openmla/common.h"
+
+namespace openmla {
+
+struct DenseDecodeParams {
+  TensorView q;            // [B, Sq, Hq, 576]  bf16 | fp16 | fp8_e4m3 (with q_descale)
+  TensorView kv_cache;     // [pages, page_size, 576] or [pages, page_size, 1, 576]
+                           // bf16 | fp16 | fp8_e4m3 (with kv_scale)
+  TensorView block_table;  // [B, max_pages] int32
+  TensorView seq_lens;     // [B] int32, 0 <= seq_lens[b] <= max_pages * page_size
+  float softmax_scale = 0;
+  bool causal = false;
+  float q_descale = 1;     // fp8 q: real = stored * q_descale
+  float kv_scale = 1;      // fp8 cache: real = stored * kv_scale
+  TensorView out;          // [B, Sq, Hq, 512] bf16
+  TensorView lse;          // optional [B, Sq, Hq] fp32
+  LseBase lse_base = LseBase::kNatural;
+  TensorView workspace;    // uint8, at least dense_decode_workspace_size() bytes
+  Stream stream = nullptr;
+};
+
+// Scratch for split-KV partial results; depends on shapes only (B, Sq, Hq), so one
+// allocation serves every later call of the same shape, including CUDA-graph replays.
+size_t dense_decode_workspace_size(const DenseDecodeParams& params);
+void dense_decode(const DenseDecodeParams& params);
+
+}  // namespace openmla

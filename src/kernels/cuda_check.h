@@ -1,0 +1,32 @@
+// The one launch-check helper: every CUDA runtime call and every kernel launch in openmla
+// goes through these, so a failure becomes an openmla::Error naming the op.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "openmla/error.h"
+
+namespace openmla {
+
+inline void check_cuda(cudaError_t status, const char* op, const char* what) {
+  if (status != cudaSuccess) {
+    throw Error(ErrorKind::kCuda, op, "",
+                std::string(what) + " failed: " + cudaGetErrorString(status));
+  }
+}
+
+// Call right after a <<<...>>> launch: reports a bad configuration at once (asynchronous
+// faults surface at the caller's next synchronisation, as usual in CUDA).
+inline void check_launch(const char* op) { check_cuda(cudaGetLastError(), op, "kernel launch"); }
+
+inline cudaStream_t as_cuda_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// Blocks for a 1-D grid over `work_items`, each block covering `items_per_block`.
+inline unsigned blocks_for(long long work_items, long long items_per_block) {
+  long long blocks = (work_items + items_per_block - 1) / items_per_block;
+  return unsigned(blocks < 1 ? 1 : blocks);
+}
+
+}  // namespace openmla
