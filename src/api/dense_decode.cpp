@@ -103,6 +103,17 @@ DenseDecodeParams validate(const ArgumentChecker& check, const DenseDecodeParams
                                    std::to_string(capacity) + " (max_pages * page_size), got " +
                                    std::to_string(length));
       }
+      // Pages a request uses must exist (entries past its last page are never read).
+      const int64_t page_size = params.kv_cache.size(1), pages = params.kv_cache.size(0);
+      for (int64_t p = 0; p < (length + page_size - 1) / page_size; ++p) {
+        int64_t page = params.block_table.ptr<const int32_t>()[b * params.block_table.stride(0) +
+                                                                p * params.block_table.stride(1)];
+        if (page < 0 || page >= pages) {
+          check.fail("block_table", "expected block_table[" + std::to_string(b) + "][" +
+                                        std::to_string(p) + "] in [0, " + std::to_string(pages) +
+                                        ") (a page used by seq_lens), got " + std::to_string(page));
+        }
+      }
     }
   }
   // The CPU reference needs no scratch; a CUDA call must bring the workspace the query asks.

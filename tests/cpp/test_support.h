@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -128,6 +129,50 @@ void expect_invalid_argument(Fn&& fn, const std::string& argument) {
   }
 }
 
+// ---- Brute-force rounding, independent of numerics.h ------------------------------------------
+// Each format's positive codes in increasing order, decoded from the format's definition; the
+// rounding of a value is the nearest entry, ties to the even code.
+inline std::vector<double> positive_code_values(int mantissa_bits, int exponent_bias, uint32_t last_code) {
+  std::vector<double> values;
+  for (uint32_t code = 0; code <= last_code; ++code) {
+    int exponent = int(code >> mantissa_bits);
+    double mantissa = double(code & ((1u << mantissa_bits) - 1)) / double(1u << mantissa_bits);
+    values.push_back(exponent == 0 ? std::ldexp(mantissa, 1 - exponent_bias)
+                                   : std::ldexp(1.0 + mantissa, exponent - exponent_bias));
+  }
+  return values;
+}
+inline uint32_t nearest_code(const std::vector<double>& values, double magnitude) {
+  size_t above = size_t(std::lower_bound(values.begin(), values.end(), magnitude) - values.begin());
+  if (above == values.size()) return uint32_t(values.size() - 1);  // saturate
+  if (values[above] == magnitude || above == 0) return uint32_t(above);
+  double down = magnitude - values[above - 1], up = values[above] - magnitude;
+  if (down != up) return uint32_t(down < up ? above - 1 : above);
+  return uint32_t(above % 2 == 0 ? above : above - 1);
+}
+// float8_e4m3fn, saturating at 448 (code 0x7e); NaN -> 0x7f.
+inline uint8_t brute_force_fp8(float value) {
+  static const std::vector<double> values = positive_code_values(3, 7, 0x7e);
+  if (std::isnan(value)) return 0x7f;
+  return uint8_t((std::signbit(value) ? 0x80 : 0) | nearest_code(values, std::fabs(double(value))));
+}
+// bfloat16 / float16 with overflow to infinity (the last code); value must not be NaN.
+inline uint16_t brute_force_bf16(double value) {
+  static const std::vector<double> values = positive_code_values(7, 127, 0x7f80);
+  return uint16_t((std::signbit(value) ? 0x8000 : 0) | nearest_code(values, std::fabs(value)));
+}
+inline uint16_t brute_force_fp16(double value) {
+  static const std::vector<double> values = positive_code_values(10, 15, 0x7c00);
+  return uint16_t((std::signbit(value) ? 0x8000 : 0) | nearest_code(values, std::fabs(value)));
+}
+
+// A strided view into a host tensor's bytes: shape and strides in elements, offset in elements.
+inline TensorView strided_view(HostTensor& tensor, std::initializer_list<int64_t> shape,
+                               std::initializer_list<int64_t> strides, int64_t offset = 0) {
+  return TensorView::strided(tensor.bytes.data() + offset * int64_t(dtype_size(tensor.view().dtype)),
+                             tensor.view().dtype, shape, strides);
+}
+
 // ---- GPU side ------------------------------------------------------------------------------
 inline bool gpu_available() { return cuda_available(); }
 
@@ -157,6 +202,13 @@ struct DeviceTensor {
   DeviceTensor& operator=(const DeviceTensor&) = delete;
 
   const TensorView& view() const { return view_; }
+  // `host_view` (a view into `host`'s bytes, e.g. strided_view) moved onto this device copy.
+  TensorView relocate(const HostTensor& host, TensorView host_view) const {
+    host_view.data = static_cast<uint8_t*>(pointer) +
+                     (static_cast<const uint8_t*>(host_view.data) - host.bytes.data());
+    host_view.device = view_.device;
+    return host_view;
+  }
   // Copies the device bytes back into `host` (same size), after synchronising.
   void copy_to(HostTensor& host) const {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One call on a GPU machine (the device tool): build with every core, run the C++ tests (GPU
+# tests included), compute-sanitizer memcheck + racecheck over the GPU tests, the Python tests,
+# and the benchmark. Logs and JSON go to $OUT (at most 8 files come back from the device).
+# Needs on that machine: CUDA toolkit, cmake, ninja, GoogleTest, python3 with torch,
+# nanobind, scikit-build-core, pytest, matplotlib (the device image has them). Installs nothing.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-$PWD/device-out}"
+mkdir -p "$out"
+build="${OPENMLA_BUILD_DIR:-build-device}"
+log="$out/log.txt"
+status=0
+step() { echo "== $*" | tee -a "$log"; }
+
+step "environment"
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv;
+  nvcc --version | tail -2; python3 -c 'import torch; print("torch", torch.__version__)'; } >>"$log" 2>&1
+
+step "build"
+if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPENMLA_CUDA=ON &&
+       cmake --build "$build" -j "$(nproc)"; } >>"$log" 2>&1; then
+  tail -40 "$log"; exit 1
+fi
+
+step "C++ tests"
+"$build/tests/openmla_tests" --gtest_brief=1 >"$out/gtest.txt" 2>&1 || status=1
+tail -5 "$out/gtest.txt" | tee -a "$log"
+
+if [ "${OPENMLA_SANITIZE:-1}" = "1" ]; then
+  step "compute-sanitizer (GPU tests)"
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/openmla_tests" \
+        --gtest_filter="${OPENMLA_SANITIZE_FILTER:-*Gpu*}" --gtest_brief=1 \
+        >"$out/sanitizer-$tool.txt" 2>&1 || status=1
+    tail -3 "$out/sanitizer-$tool.txt" | tee -a "$log"
+  done
+fi
+
+step "Python tests"
+rm -rf /tmp/openmla-site
+if python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/openmla-site \
+       -Cbuild-dir="$build/python" . >>"$log" 2>&1; then
+  PYTHONPATH=/tmp/openmla-site python3 -m pytest tests/python -q -rs >"$out/pytest.txt" 2>&1 || status=1
+  tail -5 "$out/pytest.txt" | tee -a "$log"
+else
+  echo "python package build failed" | tee -a "$log"; status=1
+fi
+
+step "benchmark"
+"$build/bench/openmla-bench" --json "$out/bench.json" --plot "$out/bench" "$@" 2>>"$log" | tee "$out/bench.txt"
+[ "${PIPESTATUS[0]}" = "0" ] || status=1
+exit $status
