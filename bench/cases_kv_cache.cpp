@@ -45,7 +45,8 @@ Case write_kv_cache_case(CacheFormat format) {
           std::vector<int32_t> page_order = shuffled_pages(kPages, in.seed);
           std::vector<int32_t> slots(size_t(kTokens), 0);
           for (int64_t t = 0; t < kTokens; ++t) {
-            slots[size_t(t)] = int32_t(page_order[size_t(t / kPageSize)] * kPageSize + t % kPageSize);
+            const int64_t page = page_order[size_t(t / kPageSize)];
+            slots[size_t(t)] = int32_t(page * kPageSize + t % kPageSize);
           }
           in.params.kv_c = in.random(DType::kBFloat16, {kTokens, kLatentDim});
           in.params.k_pe = in.random(DType::kBFloat16, {kTokens, kRopeDim});
@@ -116,7 +117,9 @@ Case convert_topk_indices_case() {
           std::vector<int32_t> local(size_t(kTokens * kTopk), 0);
           for (int32_t& index : local) index = position(rng);
           std::vector<int32_t> request_ids(size_t(kTokens), 0);
-          for (int64_t t = 0; t < kTokens; ++t) request_ids[size_t(t)] = int32_t(t * kRequests / kTokens);
+          for (int64_t t = 0; t < kTokens; ++t) {
+            request_ids[size_t(t)] = int32_t(t * kRequests / kTokens);  // contiguous requests
+          }
           in.params.local_indices = in.upload(local, {kTokens, kTopk});
           in.params.request_ids = in.upload(request_ids, {kTokens});
           in.params.block_table =

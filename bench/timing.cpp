@@ -22,8 +22,10 @@ constexpr int kMaxCopies = 8;
 constexpr double kL2Multiple = 4.0;
 // Warm-up runs the op for at least this long: SM clocks settle over milliseconds (idle
 // clocks ramp up; after the GEMM ceilings' power draw they recover), and a fixed count of
-// calls would warm a 40 us op far less than a 1 ms one.
-constexpr double kWarmupSeconds = 0.05;
+// calls would warm a 40 us op far less than a 1 ms one. Not much longer: after ~50 ms of
+// back-to-back GEMMs an H200 reaches its power limit and slows by ~10%, and the ceilings
+// should be the rates that PERF.md's reference figures (a few warm-up calls) describe.
+constexpr double kWarmupSeconds = 0.01;
 constexpr int kMaxWarmupCalls = 10000;
 }  // namespace
 

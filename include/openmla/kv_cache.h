@@ -10,9 +10,12 @@ namespace openmla {
 // (page = slot / page_size, offset = slot % page_size); slot -1 (any negative) is skipped.
 // The cache format follows from its dtype and last dimension:
 //   bf16 [pages, page, 576]          : copy (kv_c | k_pe)
-//   float8_e4m3 [pages, page, 576]   : fp8(x / scale) for all 576 values
+//   float8_e4m3 [pages, page, 576]   : fp8(x * (1 / scale)) for all 576 values
 //   uint8 or float8 [pages, page, 656]: ds_mla; per group of 128 latent values
-//                                      s = max(amax / 448, FLT_MIN), fp8(x / s); rope as bf16
+//                                      s = max(amax / 448, FLT_MIN), fp8(x * (1 / s)); rope
+//                                      as bf16
+// Quantisation multiplies by the reciprocal of the scale, itself rounded to float once (not a
+// division per value); each product is rounded to float, then to fp8 (numerics.h).
 struct WriteKvCacheParams {
   TensorView kv_c;          // [T, 512] bf16 (bf16 cache) or bf16 | fp16 (fp8 and ds_mla caches)
   TensorView k_pe;          // [T, 64] same dtype as kv_c
@@ -52,7 +55,8 @@ struct ConvertTopkIndicesParams {
 void convert_topk_indices(const ConvertTopkIndicesParams& params);
 
 // Fused K/V pack + FP8 quantise for chunked prefill:
-//   k_out[t, h] = fp8([k_nope[t, h] | k_pe[t, h or 0]] / k_scale), v_out[t, h] = fp8(v[t, h] / v_scale)
+//   k_out[t, h] = fp8([k_nope[t, h] | k_pe[t, h or 0]] * (1 / k_scale)),
+//   v_out[t, h] = fp8(v[t, h] * (1 / v_scale)), the reciprocals rounded to float once
 // k_pe with one head is broadcast over all heads. Real values are stored * scale.
 struct PackKvQuantizeFp8Params {
   TensorView k_nope;  // [T, H, 128] bf16 | fp16
@@ -69,7 +73,8 @@ void pack_kv_quantize_fp8(const PackKvQuantizeFp8Params& params);
 // Merge two partial attention results over disjoint key sets by their LSEs:
 //   m = max(lse_a, lse_b); w_a = exp(lse_a - m); w_b = exp(lse_b - m)
 //   out = (w_a out_a + w_b out_b) / (w_a + w_b); lse = m + log(w_a + w_b)
-// A side with LSE -inf contributes nothing (its output is not read); both -inf gives 0, -inf.
+// A side with LSE -inf contributes nothing (its values are ignored, NaN included: it must
+// still be a readable buffer); both -inf gives 0, -inf.
 // lse_base says the base of all three LSEs.
 struct MergeAttentionParams {
   TensorView out_a;  // [T, H, D] bf16 | fp16 | fp32

@@ -2,9 +2,15 @@
 // the CUDA kernels and the tests, so that every side rounds the same way.
 //
 // Conversions round to nearest, ties to even. float -> FP8 E4M3 saturates to +-448 (the
-// "satfinite" mode of Hopper's cvt instruction) and maps NaN to 0x7f. This differs from
-// torch's Tensor.to(float8_e4m3fn), which turns values beyond 448 into NaN; in range the two
-// agree bit for bit.
+// "satfinite" mode of Hopper's cvt instruction). This differs from torch's
+// Tensor.to(float8_e4m3fn), which turns values beyond 448 into NaN; in range the two agree bit
+// for bit.
+//
+// NaN encodings are those of the GPU's conversion instructions (the kernels use them, and
+// tests/cpp/numerics_gpu_test.cu checks the match code by code): every NaN becomes the
+// canonical, positive NaN of the target, whatever its sign and payload: 0x7f in fp8 e4m3,
+// 0x7fff in bf16 and fp16, 0x7fffffff in float (from fp16 or fp8). bf16 -> float is a plain
+// widening and keeps a NaN's bits.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +53,7 @@ OPENMLA_HOST_DEVICE float bf16_to_float(uint16_t value) { return bits_float(uint
 
 OPENMLA_HOST_DEVICE uint16_t float_to_bf16(float value) {
   uint32_t bits = float_bits(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);  // quiet NaN
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fff;  // canonical NaN
   uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
   return uint16_t((bits + rounding) >> 16);
 }
@@ -57,7 +63,7 @@ OPENMLA_HOST_DEVICE float fp16_to_float(uint16_t value) {
   uint32_t sign = uint32_t(value & 0x8000u) << 16;
   uint32_t exponent = (value >> 10) & 0x1fu;
   uint32_t mantissa = value & 0x3ffu;
-  if (exponent == 0x1f) return bits_float(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0x1f) return bits_float(mantissa != 0 ? 0x7fffffffu : sign | 0x7f800000u);
   if (exponent == 0) {
     // Subnormal: mantissa * 2^-24, exact in float.
     float magnitude = float(mantissa) * 5.9604644775390625e-8f;
@@ -70,7 +76,7 @@ OPENMLA_HOST_DEVICE uint16_t float_to_fp16(float value) {
   uint32_t bits = float_bits(value);
   uint16_t sign = uint16_t((bits >> 16) & 0x8000u);
   uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return uint16_t(sign | 0x7e00u);        // NaN
+  if (magnitude > 0x7f800000u) return 0x7fff;                          // canonical NaN
   if (magnitude >= 0x477ff000u) return uint16_t(sign | 0x7c00u);       // rounds to >= 65520: inf
   if (magnitude < 0x38800000u) {                                       // below 2^-14: subnormal
     // In [0.5, 1) the float spacing is 2^-24, one fp16 subnormal step: adding 0.5 makes the
@@ -87,7 +93,7 @@ OPENMLA_HOST_DEVICE float fp8_e4m3_to_float(uint8_t value) {
   uint32_t sign = uint32_t(value & 0x80u) << 24;
   uint32_t exponent = (value >> 3) & 0xfu;
   uint32_t mantissa = value & 0x7u;
-  if (exponent == 0xf && mantissa == 0x7) return bits_float(0x7fc00000u | sign);
+  if (exponent == 0xf && mantissa == 0x7) return bits_float(0x7fffffffu);  // canonical NaN
   if (exponent == 0) {
     float magnitude = float(mantissa) * 0.001953125f;  // mantissa * 2^-9
     return sign ? -magnitude : magnitude;

@@ -17,12 +17,12 @@ from . import _C
 from ._tensor import stream_of, view
 
 
-def _workspace(given, size_query, device):
-    """The caller's workspace, or a fresh one of the queried size for CUDA (the CPU reference
-    needs none)."""
+def _workspace(given, size_query, args, device):
+    """The caller's workspace, or for CUDA a fresh one of the size that the op's query gives
+    for the same arguments (the CPU reference needs none)."""
     if given is not None or device.type != "cuda":
         return given
-    size = size_query()
+    size = size_query(*args)
     return torch.empty(size, dtype=torch.uint8, device=device) if size else None
 
 
@@ -49,15 +49,11 @@ def mla_prefill(
     lse: Optional[Tensor],
     workspace: Optional[Tensor],
 ) -> None:
-    tensors = [view(t) for t in (q, k, v, cu_seqlens_q, cu_seqlens_kv)]
-    workspace = _workspace(
-        workspace,
-        lambda: _C.dense_prefill_workspace_size(*tensors, max_seqlen_q, max_seqlen_kv),
-        q.device,
-    )
-    _C.dense_prefill(*tensors, max_seqlen_q, max_seqlen_kv, softmax_scale, causal, q_descale,
-                     k_descale, v_descale, view(out), view(lse), lse_base2, view(workspace),
-                     stream_of(q))
+    args = (view(q), view(k), view(v), view(cu_seqlens_q), view(cu_seqlens_kv), max_seqlen_q,
+            max_seqlen_kv, softmax_scale, causal, q_descale, k_descale, v_descale, view(out),
+            view(lse), lse_base2)
+    workspace = _workspace(workspace, _C.dense_prefill_workspace_size, args, q.device)
+    _C.dense_prefill(*args, view(workspace), stream_of(q))
 
 
 @torch.library.custom_op("openmla::mla_decode", mutates_args=("out", "lse", "workspace"))
@@ -75,11 +71,10 @@ def mla_decode(
     lse: Optional[Tensor],
     workspace: Optional[Tensor],
 ) -> None:
-    tensors = [view(t) for t in (q, kv_cache, block_table, seq_lens)]
-    workspace = _workspace(
-        workspace, lambda: _C.dense_decode_workspace_size(*tensors), q.device)
-    _C.dense_decode(*tensors, softmax_scale, causal, q_descale, kv_scale, view(out), view(lse),
-                    lse_base2, view(workspace), stream_of(q))
+    args = (view(q), view(kv_cache), view(block_table), view(seq_lens), softmax_scale, causal,
+            q_descale, kv_scale, view(out), view(lse), lse_base2)
+    workspace = _workspace(workspace, _C.dense_decode_workspace_size, args, q.device)
+    _C.dense_decode(*args, view(workspace), stream_of(q))
 
 
 @torch.library.custom_op(
@@ -97,11 +92,10 @@ def sparse_mla_prefill(
     lse: Optional[Tensor],
     workspace: Optional[Tensor],
 ) -> None:
-    tensors = [view(t) for t in (q, kv, indices, topk_length)]
-    workspace = _workspace(
-        workspace, lambda: _C.sparse_prefill_workspace_size(*tensors), q.device)
-    _C.sparse_prefill(*tensors, view(attn_sink), softmax_scale, view(out), view(lse),
-                      view(max_logits), lse_base2, view(workspace), stream_of(q))
+    args = (view(q), view(kv), view(indices), view(topk_length), view(attn_sink), softmax_scale,
+            view(out), view(lse), view(max_logits), lse_base2)
+    workspace = _workspace(workspace, _C.sparse_prefill_workspace_size, args, q.device)
+    _C.sparse_prefill(*args, view(workspace), stream_of(q))
 
 
 @torch.library.custom_op("openmla::sparse_mla_decode", mutates_args=("out", "lse", "workspace"))
@@ -120,12 +114,11 @@ def sparse_mla_decode(
     lse: Optional[Tensor],
     workspace: Optional[Tensor],
 ) -> None:
-    tensors = [view(t) for t in (q, kv_cache, indices, topk_length, extra_kv_cache,
-                                 extra_indices, extra_topk_length)]
-    workspace = _workspace(
-        workspace, lambda: _C.sparse_decode_workspace_size(*tensors), q.device)
-    _C.sparse_decode(*tensors, view(attn_sink), softmax_scale, view(out), view(lse), lse_base2,
-                     view(workspace), stream_of(q))
+    args = (view(q), view(kv_cache), view(indices), view(topk_length), view(extra_kv_cache),
+            view(extra_indices), view(extra_topk_length), view(attn_sink), softmax_scale,
+            view(out), view(lse), lse_base2)
+    workspace = _workspace(workspace, _C.sparse_decode_workspace_size, args, q.device)
+    _C.sparse_decode(*args, view(workspace), stream_of(q))
 
 
 @torch.library.custom_op("openmla::write_kv_cache", mutates_args=("kv_cache",))

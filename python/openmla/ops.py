@@ -172,25 +172,29 @@ def merge_attention(out_a, lse_a, out_b, lse_b, lse_base2=False, out=None, lse=N
 
 def get_mla_prefill_workspace_size(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
                                    max_seqlen_kv):
-    return _C.dense_prefill_workspace_size(view(q), view(k), view(v), view(cu_seqlens_q),
-                                           view(cu_seqlens_kv), max_seqlen_q, max_seqlen_kv)
+    return _C.dense_prefill_workspace_size(
+        q=view(q), k=view(k), v=view(v), cu_seqlens_q=view(cu_seqlens_q),
+        cu_seqlens_kv=view(cu_seqlens_kv), max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
 
 
 def get_mla_decode_workspace_size(q, kv_cache, block_table, seq_lens):
-    return _C.dense_decode_workspace_size(view(q), view(kv_cache), view(block_table),
-                                          view(seq_lens))
+    """Bytes of the workspace mla_decode needs on CUDA; it depends on q's shape only."""
+    return _C.dense_decode_workspace_size(q=view(q), kv_cache=view(kv_cache),
+                                          block_table=view(block_table), seq_lens=view(seq_lens))
 
 
 def get_sparse_mla_prefill_workspace_size(q, kv, indices, topk_length=None):
-    return _C.sparse_prefill_workspace_size(view(q), view(kv), view(indices), view(topk_length))
+    return _C.sparse_prefill_workspace_size(q=view(q), kv=view(kv), indices=view(indices),
+                                            topk_length=view(topk_length))
 
 
 def get_sparse_mla_decode_workspace_size(q, kv_cache, indices, topk_length=None,
                                          extra_kv_cache=None, extra_indices=None,
                                          extra_topk_length=None):
-    return _C.sparse_decode_workspace_size(view(q), view(kv_cache), view(indices),
-                                           view(topk_length), view(extra_kv_cache),
-                                           view(extra_indices), view(extra_topk_length))
+    return _C.sparse_decode_workspace_size(
+        q=view(q), kv_cache=view(kv_cache), indices=view(indices), topk_length=view(topk_length),
+        extra_kv_cache=view(extra_kv_cache), extra_indices=view(extra_indices),
+        extra_topk_length=view(extra_topk_length))
 
 
 __all__ = [

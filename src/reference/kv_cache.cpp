@@ -1,6 +1,7 @@
 // CPU reference of the KV-cache utilities (include/openmla/kv_cache.h). These ops are data
 // movement and rounding, not accumulation: each value is computed in float exactly as the CUDA
-// kernels do (numerics.h conversions, float division), so GPU tests compare bytes.
+// kernels do (numerics.h conversions; quantisation multiplies by the float reciprocal of the
+// scale, rounded once), so GPU tests compare bytes.
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -54,10 +55,11 @@ void write_kv_cache(const WriteKvCacheParams& params) {
         values[i] = source->ptr<const uint16_t>()[offset];
       }
     } else if (fp8_cache) {
+      const float inverse_scale = 1.0f / params.scale;
       for (int64_t i = 0; i < kHeadDim; ++i) {
         const TensorView* source;
         int64_t offset = input_offset(i, source);
-        token[i] = float_to_fp8_e4m3(load_half(*source, offset) / params.scale);
+        token[i] = float_to_fp8_e4m3(load_half(*source, offset) * inverse_scale);
       }
     } else {  // ds_mla: 512 fp8 | 4 float32 group scales | 64 bf16 rope
       const int64_t row = t * params.kv_c.stride(0);
@@ -68,8 +70,9 @@ void write_kv_cache(const WriteKvCacheParams& params) {
         }
         float scale = std::fmax(amax / kFp8E4M3Max, FLT_MIN);
         std::memcpy(token + kDsMlaScaleOffset + 4 * group, &scale, 4);
+        const float inverse_scale = 1.0f / scale;
         for (int i = group * kDsMlaGroupSize; i < (group + 1) * kDsMlaGroupSize; ++i) {
-          token[i] = float_to_fp8_e4m3(load_half(params.kv_c, row + i) / scale);
+          token[i] = float_to_fp8_e4m3(load_half(params.kv_c, row + i) * inverse_scale);
         }
       }
       for (int i = 0; i < kRopeDim; ++i) {
@@ -135,6 +138,7 @@ void pack_kv_quantize_fp8(const PackKvQuantizeFp8Params& params) {
   const int64_t heads = params.k_nope.size(1);
   const bool shared_rope = params.k_pe.size(1) == 1;
   constexpr int64_t kNope = 128, kRope = 64, kValue = 128;
+  const float k_inverse = 1.0f / params.k_scale, v_inverse = 1.0f / params.v_scale;
   parallel_for(params.k_nope.size(0), [&](int64_t t) {
     for (int64_t h = 0; h < heads; ++h) {
       uint8_t* k_out = params.k_out.ptr<uint8_t>() + offset_of(params.k_out, {t, h, 0});
@@ -143,13 +147,13 @@ void pack_kv_quantize_fp8(const PackKvQuantizeFp8Params& params) {
       int64_t rope = offset_of(params.k_pe, {t, shared_rope ? 0 : h, 0});
       int64_t value = offset_of(params.v, {t, h, 0});
       for (int64_t i = 0; i < kNope; ++i) {
-        k_out[i] = float_to_fp8_e4m3(load_half(params.k_nope, nope + i) / params.k_scale);
+        k_out[i] = float_to_fp8_e4m3(load_half(params.k_nope, nope + i) * k_inverse);
       }
       for (int64_t i = 0; i < kRope; ++i) {
-        k_out[kNope + i] = float_to_fp8_e4m3(load_half(params.k_pe, rope + i) / params.k_scale);
+        k_out[kNope + i] = float_to_fp8_e4m3(load_half(params.k_pe, rope + i) * k_inverse);
       }
       for (int64_t i = 0; i < kValue; ++i) {
-        v_out[i] = float_to_fp8_e4m3(load_half(params.v, value + i) / params.v_scale);
+        v_out[i] = float_to_fp8_e4m3(load_half(params.v, value + i) * v_inverse);
       }
     }
   });

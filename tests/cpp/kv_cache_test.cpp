@@ -95,7 +95,7 @@ HostTensor brute_force_write(const WriteSetup& setup) {
         std::memcpy(row + 2 * i, &bits, 2);
       }
     } else if (last_dim == kHeadDim) {
-      for (int i = 0; i < kHeadDim; ++i) row[i] = brute_force_fp8(input(i) / p.scale);
+      for (int i = 0; i < kHeadDim; ++i) row[i] = brute_force_fp8(input(i) * (1.0f / p.scale));
     } else {
       for (int group = 0; group < kDsMlaGroups; ++group) {
         float amax = 0;
@@ -105,7 +105,7 @@ HostTensor brute_force_write(const WriteSetup& setup) {
         float scale = std::max(amax / 448.0f, FLT_MIN);
         std::memcpy(row + 512 + 4 * group, &scale, 4);
         for (int i = group * kDsMlaGroupSize; i < (group + 1) * kDsMlaGroupSize; ++i) {
-          row[i] = brute_force_fp8(input(i) / scale);
+          row[i] = brute_force_fp8(input(i) * (1.0f / scale));
         }
       }
       for (int i = 0; i < kRopeDim; ++i) {
@@ -460,12 +460,12 @@ void brute_force_pack(const PackSetup& setup, HostTensor& k_out, HostTensor& v_o
       uint8_t* k = k_out.bytes.data() + t * p.k_out.stride(0) + h * p.k_out.stride(1);
       uint8_t* v = v_out.bytes.data() + t * p.v_out.stride(0) + h * p.v_out.stride(1);
       for (int i = 0; i < 128; ++i) {
-        k[i] = brute_force_fp8(half_value(p.k_nope, t * p.k_nope.stride(0) + h * p.k_nope.stride(1) + i) / p.k_scale);
-        v[i] = brute_force_fp8(half_value(p.v, t * p.v.stride(0) + h * p.v.stride(1) + i) / p.v_scale);
+        k[i] = brute_force_fp8(half_value(p.k_nope, t * p.k_nope.stride(0) + h * p.k_nope.stride(1) + i) * (1.0f / p.k_scale));
+        v[i] = brute_force_fp8(half_value(p.v, t * p.v.stride(0) + h * p.v.stride(1) + i) * (1.0f / p.v_scale));
       }
       for (int i = 0; i < 64; ++i) {
         k[128 + i] = brute_force_fp8(
-            half_value(p.k_pe, t * p.k_pe.stride(0) + rope_head * p.k_pe.stride(1) + i) / p.k_scale);
+            half_value(p.k_pe, t * p.k_pe.stride(0) + rope_head * p.k_pe.stride(1) + i) * (1.0f / p.k_scale));
       }
     }
   }
@@ -514,7 +514,7 @@ struct MergeSetup {
   MergeAttentionParams params;
 };
 
-// Row 0 of every token has lse_b = -inf (out_b poisoned there: it must not be read), row 1
+// Row 0 of every token has lse_b = -inf (out_b is NaN there: its values must be ignored), row 1
 // lse_a = -inf, token 0 head 2 both -inf; lse_b lives in an [H, T] buffer, seen transposed.
 MergeSetup make_merge(std::mt19937_64& rng, DType dtype, int64_t tokens, int64_t heads,
                       int64_t dim, LseBase base, bool with_lse) {

@@ -80,6 +80,16 @@ TEST(Numerics, Fp8SaturatesAt448) {
     EXPECT_EQ(float_to_fp8_e4m3(-value), 0xfe) << value;
   }
   EXPECT_EQ(float_to_fp8_e4m3(NAN), 0x7f);
+  // NaNs take the GPU instructions' canonical encodings, whatever their sign and payload.
+  for (uint32_t nan : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffa12345u}) {
+    EXPECT_EQ(float_to_fp8_e4m3(bits_float(nan)), 0x7f) << std::hex << nan;
+    EXPECT_EQ(float_to_bf16(bits_float(nan)), 0x7fff) << std::hex << nan;
+    EXPECT_EQ(float_to_fp16(bits_float(nan)), 0x7fff) << std::hex << nan;
+  }
+  EXPECT_EQ(float_bits(fp8_e4m3_to_float(0xff)), 0x7fffffffu);
+  EXPECT_EQ(float_bits(fp16_to_float(0xfe01)), 0x7fffffffu);
+  EXPECT_EQ(float_bits(fp16_to_float(0xfc00)), 0xff800000u);  // -inf keeps its sign
+  EXPECT_EQ(float_bits(bf16_to_float(0xffc1)), 0xffc10000u);  // a widening: bits kept
   EXPECT_EQ(fp8_e4m3_to_float(float_to_fp8_e4m3(432.0f)), 448.0f);  // tie 416|448 -> even 448
   EXPECT_EQ(fp8_e4m3_to_float(float_to_fp8_e4m3(431.0f)), 416.0f);
   EXPECT_EQ(float_to_bf16(INFINITY), 0x7f80);

@@ -63,9 +63,12 @@ def assert_close_lse(actual, expected, base2=False, tolerance=1e-4):
                                atol=tolerance)
 
 
-def quantize_fp8(values):
-    """Round float values to float8_e4m3fn bytes (torch's rounding: exact in range)."""
-    return values.float().to(FP8)
+def quantize_fp8(values, scale):
+    """fp8(values / scale) as the library computes it: values in float32 times the float32
+    reciprocal of the scale, then torch's float8_e4m3fn rounding (the contract's in range).
+    scale: a number or a float32 tensor that broadcasts against values."""
+    reciprocal = 1.0 / torch.as_tensor(scale, dtype=torch.float32)  # float32 division
+    return (values.float() * reciprocal).to(FP8)
 
 
 def ds_mla_tokens(latent, rope):
@@ -74,7 +77,7 @@ def ds_mla_tokens(latent, rope):
     shape = latent.shape[:-1]
     groups = latent.float().reshape(*shape, 4, 128)
     scales = torch.clamp(groups.abs().amax(dim=-1) / FP8_MAX, min=FLT_MIN)  # [..., 4] fp32
-    quantized = (groups / scales[..., None]).to(FP8)
+    quantized = quantize_fp8(groups, scales[..., None])
     encoded = torch.cat([
         quantized.reshape(*shape, 512).view(torch.uint8),
         scales.contiguous().view(torch.uint8).reshape(*shape, 16),

@@ -39,7 +39,8 @@ def test_seq_lens_beyond_the_block_table_is_rejected(generator):
 
 @pytest.mark.parametrize("call,argument", [
     (lambda g: openmla.write_kv_cache(randn((2, 512), g), randn((2, 64), g),
-                                      torch.tensor([0.0, 1.0]), poisoned((1, 16, 576), torch.bfloat16)),
+                                      torch.tensor([0.0, 1.0]),
+                                      poisoned((1, 16, 576), torch.bfloat16)),
      "slot_mapping"),
     (lambda g: openmla.merge_attention(torch.ones(2, 2, 8, dtype=torch.int16), torch.zeros(2, 2),
                                        torch.ones(2, 2, 8), torch.zeros(2, 2)),
@@ -82,13 +83,14 @@ def test_ops_are_registered_with_torch_library():
 
 
 def test_opcheck_merge_attention_and_write_kv_cache(generator):
-    merge_args = (randn((3, 2, 8), generator, torch.float32), torch.randn(3, 2, generator=generator),
-                  randn((3, 2, 8), generator, torch.float32), torch.randn(3, 2, generator=generator),
+    lse_a, lse_b = torch.randn(3, 2, generator=generator), torch.randn(3, 2, generator=generator)
+    merge_args = (randn((3, 2, 8), generator, torch.float32), lse_a,
+                  randn((3, 2, 8), generator, torch.float32), lse_b,
                   False, torch.empty(3, 2, 8), torch.empty(3, 2))
     torch.library.opcheck(torch.ops.openmla.merge_attention.default, merge_args)
     write_args = (randn((2, 512), generator), randn((2, 64), generator),
-                  torch.tensor([3, -1], dtype=torch.int32), torch.zeros(1, 16, 576, dtype=torch.bfloat16),
-                  1.0)
+                  torch.tensor([3, -1], dtype=torch.int32),
+                  torch.zeros(1, 16, 576, dtype=torch.bfloat16), 1.0)
     torch.library.opcheck(torch.ops.openmla.write_kv_cache.default, write_args)
 
 
@@ -112,3 +114,25 @@ def test_torch_compile_fullgraph_on_cpu(generator):
     assert not torch.equal(cache_eager, cache)
     torch.testing.assert_close(actual, expected, rtol=0, atol=0)
     assert torch.isfinite(actual[1]).all() and not math.isnan(actual[0].sum().item())
+
+
+def test_workspace_size_helpers_and_a_given_workspace(generator):
+    q, cache, block_table, seq_lens = _decode_args(generator)
+    size = openmla.get_mla_decode_workspace_size(q, cache, block_table, seq_lens)
+    assert isinstance(size, int) and size > 0  # split-KV partials for [2, 1, 4] queries
+    expected = openmla.mla_decode(q, cache, block_table, seq_lens, 0.1)
+    given = openmla.mla_decode(q, cache, block_table, seq_lens, 0.1,
+                               workspace=torch.empty(size, dtype=torch.uint8))
+    assert torch.equal(given, expected)
+    with pytest.raises(ValueError, match="'workspace'"):
+        openmla.mla_decode(q, cache, block_table, seq_lens, 0.1,
+                           workspace=torch.empty(size - 1, dtype=torch.uint8))
+    sparse_q = randn((2, 1, 4, 576), generator)
+    indices = torch.zeros(2, 1, 8, dtype=torch.int32)
+    assert openmla.get_sparse_mla_decode_workspace_size(sparse_q, cache, indices) >= 0
+    assert openmla.get_sparse_mla_prefill_workspace_size(q[:, 0], cache[0, :, None],
+                                                         indices[:, 0]) >= 0
+    cu = torch.tensor([0, 2], dtype=torch.int32)
+    prefill_q = q[:, 0, :, :192]
+    assert openmla.get_mla_prefill_workspace_size(prefill_q, prefill_q, q[:, 0, :, :128], cu, cu,
+                                                  2, 2) >= 0

@@ -24,7 +24,8 @@ def _bytes(tensor):
 
 @pytest.mark.parametrize("cache_format", ["bf16", "fp8", "ds_mla"])
 def test_write_kv_cache_gpu_matches_cpu(generator, cache_format):
-    last, dtype = {"bf16": (576, torch.bfloat16), "fp8": (576, FP8), "ds_mla": (656, torch.uint8)}[cache_format]
+    formats = {"bf16": (576, torch.bfloat16), "fp8": (576, FP8), "ds_mla": (656, torch.uint8)}
+    last, dtype = formats[cache_format]
     kv_c, k_pe = randn((9, 512), generator, scale=4.0), randn((9, 64), generator)
     slots = torch.tensor([5, -1, 17, 63, 0, 40, 41, -3, 2], dtype=torch.int64)
     cache_cpu = poisoned((4, 16, last), dtype)
@@ -38,7 +39,8 @@ def test_gather_convert_pack_merge_gpu_match_cpu(generator):
     # gather_ds_mla_cache
     seq_lens = [20, 0, 37]
     block_table, _ = paged_layout(seq_lens, 16, 3, 6, generator)
-    cache, _ = ds_mla_tokens(randn((6, 16, 512), generator, scale=3.0), randn((6, 16, 64), generator))
+    cache, _ = ds_mla_tokens(randn((6, 16, 512), generator, scale=3.0),
+                             randn((6, 16, 64), generator))
     cu = torch.tensor([0, 20, 20, 57], dtype=torch.int32)
     cpu = openmla.gather_ds_mla_cache(cache, block_table, cu, num_tokens=57)
     gpu = openmla.gather_ds_mla_cache(cache.cuda(), block_table.cuda(), cu.cuda(), num_tokens=57)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import openmla
-from mla_math import (FP8, ds_mla_tokens, paged_layout, poisoned, randn,
+from mla_math import (FP8, ds_mla_tokens, paged_layout, poisoned, quantize_fp8, randn,
                       relative_error)
 
 PAGES, PAGE_SIZE = 4, 16
@@ -46,7 +46,7 @@ def test_write_kv_cache_fp8_per_tensor(generator, input_dtype):
 
     flat = cache.view(torch.uint8).view(-1, 576)
     for t, slot in _written_slots(slots):
-        expected = (torch.cat([kv_c[t], k_pe[t]]).float() / scale).to(FP8).view(torch.uint8)
+        expected = quantize_fp8(torch.cat([kv_c[t], k_pe[t]]), scale).view(torch.uint8)
         assert torch.equal(flat[slot], expected)
     _assert_untouched(flat, slots, lambda rows: rows == 0x7F)
 
@@ -55,7 +55,8 @@ def test_write_kv_cache_fp8_per_tensor(generator, input_dtype):
 @pytest.mark.parametrize("input_dtype", [torch.bfloat16, torch.float16])
 def test_write_kv_cache_ds_mla(generator, cache_dtype, input_dtype):
     # Groups of very different magnitude, so each of the 4 scales matters.
-    kv_c = randn((5, 512), generator, torch.float64) * torch.tensor([0.01, 1.0, 30.0, 0.2]).repeat_interleave(128)
+    group_scales = torch.tensor([0.01, 1.0, 30.0, 0.2]).repeat_interleave(128)
+    kv_c = randn((5, 512), generator, torch.float64) * group_scales
     kv_c, k_pe = kv_c.to(input_dtype), randn((5, 64), generator, input_dtype)
     kv_c[2, 128:256] = 0  # an all-zero group: scale FLT_MIN, no division by zero
     slots = torch.tensor([3, 60, -1, 18, 33], dtype=torch.int64)
@@ -135,8 +136,8 @@ def test_pack_kv_quantize_fp8(generator, rope_heads):
     packed = torch.cat([k_nope, k_pe.expand(tokens, heads, 64)], dim=-1)
     # In range (|x / scale| < 448) torch's float8_e4m3fn rounding is the contract's, bit for bit.
     assert (packed.float().abs() / k_scale).max() < 448
-    assert torch.equal(k_out.view(torch.uint8), (packed.float() / k_scale).to(FP8).view(torch.uint8))
-    assert torch.equal(v_out.view(torch.uint8), (v.float() / v_scale).to(FP8).view(torch.uint8))
+    assert torch.equal(k_out.view(torch.uint8), quantize_fp8(packed, k_scale).view(torch.uint8))
+    assert torch.equal(v_out.view(torch.uint8), quantize_fp8(v, v_scale).view(torch.uint8))
 
 
 def test_pack_kv_quantize_fp8_into_given_outputs(generator):
@@ -153,7 +154,8 @@ def test_pack_kv_quantize_fp8_into_given_outputs(generator):
 @pytest.mark.parametrize("lse_base2", [False, True])
 def test_merge_attention(generator, dtype, lse_base2):
     tokens, heads, dim = 5, 3, 16
-    out_a, out_b = randn((tokens, heads, dim), generator, dtype), randn((tokens, heads, dim), generator, dtype)
+    out_a = randn((tokens, heads, dim), generator, dtype)
+    out_b = randn((tokens, heads, dim), generator, dtype)
     lse_a = randn((heads, tokens), generator, torch.float32, scale=3.0).t()  # [T, H], transposed
     lse_b = randn((tokens, heads), generator, torch.float32, scale=3.0)
     lse_a[0, 0] = -math.inf

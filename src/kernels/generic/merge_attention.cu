@@ -1,18 +1,21 @@
 // merge_attention: out = w_a out_a + w_b out_b with w = exp(lse - max) / sum, lse = max +
 // log(sum), for two partial attention results [T, H, D] (bf16 / fp16 / fp32) and their LSEs
-// (any strides). The arithmetic is lse_merge_math.h, shared with the CPU reference.
-// Tiling: one thread per 8 consecutive elements of a (t, h) row (16-bit: one 16-byte load per
-// input and one store; fp32: two), consecutive threads on consecutive segments; each thread
-// reads its row's two LSEs (cached broadcast loads) and computes the weights itself, which
-// costs ~60 flops per 8 elements, far below the memory time.
-// Pipeline: both inputs' loads are issued before the stores; a side with weight 0 (LSE -inf)
-// is not loaded at all.
+// (any strides). The arithmetic is lse_merge_math.h, shared with the CPU reference; 16-bit
+// conversions are hardware instructions (convert.cuh).
+// Tiling: a (t, h) row is cut into 8-element segments (16-bit: one 16-byte access per input
+// and output; fp32: two) and shared by ceil(segments / 4) consecutive threads; thread j of a
+// row takes segments j, j + G, j + 2G, j + 3G (G threads per row), so each of its accesses is
+// coalesced with its neighbours'. The weight math (~60 flops) runs once per 32 elements.
+// Pipeline: a thread issues its two LSE loads and all its data loads of both sides together,
+// before the weights are known; a side of weight 0 (LSE -inf) is read like any other (its
+// buffer is readable) but its values are then ignored by a select, not multiplied by 0, so a
+// NaN there cannot reach the output.
 // Limits: any D; a segment shorter than 8 (D % 8 != 0) uses scalar accesses, and unaligned
 // rows take the byte-access fallback of vector_access.cuh.
 #include "kernels/cuda_check.h"
 #include "kernels/generic/kv_cache_kernels.h"
 #include "kernels/generic/lse_merge_math.h"
-#include "kernels/generic/vector_access.cuh"
+#include "kernels/generic/convert.cuh"
 
 namespace openmla::kernels {
 
@@ -20,6 +23,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kSegment = 8;
+constexpr int kSegmentsPerThread = 4;
 
 struct MergeArgs {
   const uint8_t* out_a;
@@ -38,21 +42,35 @@ struct MergeArgs {
   int64_t rows;  // tokens * heads
   int64_t dim;
   int64_t segments_per_row;
+  int64_t threads_per_row;  // ceil(segments_per_row / kSegmentsPerThread)
   bool base2;
 };
+
+// One segment's raw bytes: 8 elements, 16 bytes (16-bit types) or 32 bytes (fp32).
+template <DType kElement>
+struct RawSegment {
+  static constexpr int kChunks = kElement == DType::kFloat32 ? 2 : 1;
+  uint4 chunks[kChunks];
+};
+
+template <DType kElement>
+__device__ __forceinline__ RawSegment<kElement> load_segment(const uint8_t* address) {
+  RawSegment<kElement> raw;
+#pragma unroll
+  for (int c = 0; c < RawSegment<kElement>::kChunks; ++c) raw.chunks[c] = load_chunk(address + c * kChunkBytes);
+  return raw;
+}
+
+template <DType kElement>
+__device__ __forceinline__ float segment_value(const RawSegment<kElement>& raw, int i) {
+  if constexpr (kElement == DType::kFloat32) return bits_float(chunk_word(raw.chunks[i / 4], i % 4));
+  return half_to_float<kElement == DType::kFloat16>(chunk_half(raw.chunks[0], i));
+}
 
 template <DType kElement>
 __device__ __forceinline__ float load_element(const uint8_t* row, int64_t i) {
   if constexpr (kElement == DType::kFloat32) return reinterpret_cast<const float*>(row)[i];
-  uint16_t bits = reinterpret_cast<const uint16_t*>(row)[i];
-  return half_to_float<kElement == DType::kFloat16>(bits);
-}
-
-template <DType kElement>
-__device__ __forceinline__ uint32_t element_bits(float value) {
-  if constexpr (kElement == DType::kFloat32) return float_bits(value);
-  if constexpr (kElement == DType::kFloat16) return float_to_fp16(value);
-  return float_to_bf16(value);
+  return half_to_float<kElement == DType::kFloat16>(reinterpret_cast<const uint16_t*>(row)[i]);
 }
 
 template <DType kElement>
@@ -60,78 +78,81 @@ __device__ __forceinline__ void store_element(uint8_t* row, int64_t i, float val
   if constexpr (kElement == DType::kFloat32) {
     reinterpret_cast<float*>(row)[i] = value;
   } else {
-    reinterpret_cast<uint16_t*>(row)[i] = uint16_t(element_bits<kElement>(value));
-  }
-}
-
-template <DType kElement>
-__device__ __forceinline__ void load_segment(const uint8_t* address, float (&values)[kSegment]) {
-  if constexpr (kElement == DType::kFloat32) {
-    uint4 first = load_chunk(address), second = load_chunk(address + kChunkBytes);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      values[w] = bits_float(chunk_word(first, w));
-      values[4 + w] = bits_float(chunk_word(second, w));
-    }
-  } else {
-    uint4 chunk = load_chunk(address);
-#pragma unroll
-    for (int i = 0; i < kSegment; ++i) {
-      values[i] = half_to_float<kElement == DType::kFloat16>(chunk_half(chunk, i));
-    }
+    reinterpret_cast<uint16_t*>(row)[i] = uint16_t(halves_from_floats<kElement == DType::kFloat16>(value, 0.0f));
   }
 }
 
 template <DType kElement>
 __device__ __forceinline__ void store_segment(uint8_t* address, const float (&values)[kSegment]) {
-  uint32_t bits[kSegment];
-#pragma unroll
-  for (int i = 0; i < kSegment; ++i) bits[i] = element_bits<kElement>(values[i]);
   if constexpr (kElement == DType::kFloat32) {
-    store_chunk(address, make_uint4(bits[0], bits[1], bits[2], bits[3]));
-    store_chunk(address + kChunkBytes, make_uint4(bits[4], bits[5], bits[6], bits[7]));
+    store_chunk(address, make_uint4(float_bits(values[0]), float_bits(values[1]),
+                                    float_bits(values[2]), float_bits(values[3])));
+    store_chunk(address + kChunkBytes, make_uint4(float_bits(values[4]), float_bits(values[5]),
+                                                  float_bits(values[6]), float_bits(values[7])));
   } else {
-    store_chunk(address, make_uint4(bits[0] | bits[1] << 16, bits[2] | bits[3] << 16,
-                                    bits[4] | bits[5] << 16, bits[6] | bits[7] << 16));
+    constexpr bool kFp16 = kElement == DType::kFloat16;
+    store_chunk(address, make_uint4(halves_from_floats<kFp16>(values[0], values[1]),
+                                    halves_from_floats<kFp16>(values[2], values[3]),
+                                    halves_from_floats<kFp16>(values[4], values[5]),
+                                    halves_from_floats<kFp16>(values[6], values[7])));
   }
+}
+
+// A value of a side is used only where that side's weight is non-zero: a select, so that a NaN
+// in an ignored output cannot propagate (0 * NaN would).
+__device__ __forceinline__ float merged(const merge_math::MergeWeights& weights, float a, float b) {
+  return merge_math::merge_value(weights, weights.a != 0.0f ? a : 0.0f, weights.b != 0.0f ? b : 0.0f);
 }
 
 template <DType kElement>
 __global__ void __launch_bounds__(kThreads) merge_attention_kernel(MergeArgs args) {
   constexpr int kElementBytes = kElement == DType::kFloat32 ? 4 : 2;
   const int64_t item = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const int64_t row = item / args.segments_per_row;
+  const int64_t row = item / args.threads_per_row;
   if (row >= args.rows) return;
-  const int64_t first = (item % args.segments_per_row) * kSegment;
+  const int64_t part = item % args.threads_per_row;
   const int64_t token = row / args.heads;
   const int64_t head = row % args.heads;
 
   const float lse_a = args.lse_a[token * args.lse_a_token + head * args.lse_a_head];
   const float lse_b = args.lse_b[token * args.lse_b_token + head * args.lse_b_head];
+  const uint8_t* row_a = args.out_a + token * args.out_a_token + head * args.out_a_head;
+  const uint8_t* row_b = args.out_b + token * args.out_b_token + head * args.out_b_head;
+  uint8_t* row_out = args.out + token * args.out_token + head * args.out_head;
+
+  // Issue every data load before the weights exist: they do not depend on them.
+  RawSegment<kElement> raw_a[kSegmentsPerThread], raw_b[kSegmentsPerThread];
+  int64_t firsts[kSegmentsPerThread];
+  bool full[kSegmentsPerThread];
+#pragma unroll
+  for (int s = 0; s < kSegmentsPerThread; ++s) {
+    const int64_t segment = part + s * args.threads_per_row;
+    firsts[s] = segment * kSegment;
+    full[s] = segment < args.segments_per_row && firsts[s] + kSegment <= args.dim;
+    if (full[s]) {
+      raw_a[s] = load_segment<kElement>(row_a + firsts[s] * kElementBytes);
+      raw_b[s] = load_segment<kElement>(row_b + firsts[s] * kElementBytes);
+    }
+  }
+
   const merge_math::MergeWeights weights = merge_math::merge_weights(lse_a, lse_b, args.base2);
-  if (first == 0 && args.lse != nullptr) {
+  if (part == 0 && args.lse != nullptr) {
     args.lse[token * args.lse_token + head * args.lse_head] = weights.lse;
   }
-  const int64_t offset = first * kElementBytes;
-  const uint8_t* in_a = args.out_a + token * args.out_a_token + head * args.out_a_head + offset;
-  const uint8_t* in_b = args.out_b + token * args.out_b_token + head * args.out_b_head + offset;
-  uint8_t* out = args.out + token * args.out_token + head * args.out_head + offset;
-
-  const int64_t count = args.dim - first < kSegment ? args.dim - first : kSegment;
-  float values_a[kSegment] = {}, values_b[kSegment] = {};
-  if (count == kSegment) {
-    if (weights.a != 0.0f) load_segment<kElement>(in_a, values_a);
-    if (weights.b != 0.0f) load_segment<kElement>(in_b, values_b);
 #pragma unroll
-    for (int i = 0; i < kSegment; ++i) {
-      values_a[i] = merge_math::merge_value(weights, values_a[i], values_b[i]);
-    }
-    store_segment<kElement>(out, values_a);
-  } else {
-    for (int64_t i = 0; i < count; ++i) {
-      float value_a = weights.a != 0.0f ? load_element<kElement>(in_a, i) : 0.0f;
-      float value_b = weights.b != 0.0f ? load_element<kElement>(in_b, i) : 0.0f;
-      store_element<kElement>(out, i, merge_math::merge_value(weights, value_a, value_b));
+  for (int s = 0; s < kSegmentsPerThread; ++s) {
+    if (full[s]) {
+      float values[kSegment];
+#pragma unroll
+      for (int i = 0; i < kSegment; ++i) {
+        values[i] = merged(weights, segment_value<kElement>(raw_a[s], i), segment_value<kElement>(raw_b[s], i));
+      }
+      store_segment<kElement>(row_out + firsts[s] * kElementBytes, values);
+    } else if (firsts[s] < args.dim) {  // the last, short segment of a row (D % 8 != 0)
+      for (int64_t i = firsts[s]; i < args.dim; ++i) {
+        store_element<kElement>(row_out, i, merged(weights, load_element<kElement>(row_a, i),
+                                                   load_element<kElement>(row_b, i)));
+      }
     }
   }
 }
@@ -166,10 +187,11 @@ void merge_attention(const MergeAttentionParams& params) {
   args.heads = heads;
   args.rows = tokens * heads;
   args.dim = dim;
-  // D = 0 still writes the merged LSE: one (empty) segment per row.
+  // D = 0 still writes the merged LSE: one (empty) segment, one thread per row.
   args.segments_per_row = dim > 0 ? (dim + kSegment - 1) / kSegment : 1;
+  args.threads_per_row = (args.segments_per_row + kSegmentsPerThread - 1) / kSegmentsPerThread;
   args.base2 = params.lse_base == LseBase::kBase2;
-  const unsigned blocks = blocks_for(args.rows * args.segments_per_row, kThreads);
+  const unsigned blocks = blocks_for(args.rows * args.threads_per_row, kThreads);
   cudaStream_t stream = as_cuda_stream(params.stream);
   switch (params.out_a.dtype) {
     case DType::kFloat32:

@@ -1,14 +1,18 @@
-// pack_kv_quantize_fp8: k_out[t, h] = fp8([k_nope[t, h] | k_pe[t, h or 0]] / k_scale) (192
-// values) and v_out[t, h] = fp8(v[t, h] / v_scale) (128 values), from strided bf16/fp16 views.
+// pack_kv_quantize_fp8: k_out[t, h] = fp8([k_nope[t, h] | k_pe[t, h or 0]] * k_inverse) (192
+// values) and v_out[t, h] = fp8(v[t, h] * v_inverse) (128 values), from strided bf16/fp16
+// views; the inverses are 1 / scale, rounded once on the host. Conversions are hardware
+// instructions (convert.cuh: 8 fp8 cvt per 16 values).
 // Tiling: one thread per 16 output values; a (t, h) pair is 20 such chunks (8 nope, 4 rope,
 // 8 value), numbered consecutively so that neighbouring threads read neighbouring 32-byte
 // input segments and write neighbouring 16-byte output segments.
-// Pipeline: two 16-byte loads, 16 conversions, one 16-byte store per thread; occupancy (2048
-// threads per SM, 64 KiB of loads in flight) hides the memory latency.
-// Limits: unaligned rows take the byte-access fallback; a one-head k_pe is broadcast.
+// Pipeline: two 16-byte loads, 16 multiplies and 8 paired conversions, one 16-byte store per
+// thread; occupancy (2048 threads per SM, 64 KiB of loads in flight) hides the memory latency.
+// Limits: unaligned rows take the byte-access fallback; a one-head k_pe is broadcast: its
+// rows are re-read once per head, but from L1/L2 (the heads of a token are neighbours in the
+// grid), so DRAM sees them once.
 #include "kernels/cuda_check.h"
 #include "kernels/generic/kv_cache_kernels.h"
-#include "kernels/generic/vector_access.cuh"
+#include "kernels/generic/convert.cuh"
 
 namespace openmla::kernels {
 
@@ -34,8 +38,8 @@ struct PackArgs {
   int64_t v_out_token, v_out_head;
   int64_t heads;
   int64_t rows;  // tokens * heads
-  float k_scale;
-  float v_scale;
+  float k_inverse;  // 1 / k_scale
+  float v_inverse;
 };
 
 template <bool kFp16>
@@ -49,26 +53,26 @@ __global__ void __launch_bounds__(kThreads) pack_kv_quantize_fp8_kernel(PackArgs
 
   const uint8_t* source;
   uint8_t* destination;
-  float divisor;
+  float inverse_scale;
   constexpr int kInputBytes = 2 * kValuesPerChunk;
   if (chunk < kNopeChunks) {
     source = args.k_nope + token * args.k_nope_token + head * args.k_nope_head + chunk * kInputBytes;
     destination = args.k_out + token * args.k_out_token + head * args.k_out_head + chunk * kValuesPerChunk;
-    divisor = args.k_scale;
+    inverse_scale = args.k_inverse;
   } else if (chunk < kNopeChunks + kRopeChunks) {
     const int rope_chunk = chunk - kNopeChunks;
     source = args.k_pe + token * args.k_pe_token + head * args.k_pe_head + rope_chunk * kInputBytes;
     destination = args.k_out + token * args.k_out_token + head * args.k_out_head + chunk * kValuesPerChunk;
-    divisor = args.k_scale;
+    inverse_scale = args.k_inverse;
   } else {
     const int value_chunk = chunk - kNopeChunks - kRopeChunks;
     source = args.v + token * args.v_token + head * args.v_head + value_chunk * kInputBytes;
     destination = args.v_out + token * args.v_out_token + head * args.v_out_head + value_chunk * kValuesPerChunk;
-    divisor = args.v_scale;
+    inverse_scale = args.v_inverse;
   }
   const uint4 low = load_chunk(source);
   const uint4 high = load_chunk(source + kChunkBytes);
-  store_chunk(destination, quantize_16<kFp16>(low, high, divisor));
+  store_chunk(destination, quantize_16<kFp16>(low, high, inverse_scale));
 }
 
 }  // namespace
@@ -95,8 +99,8 @@ void pack_kv_quantize_fp8(const PackKvQuantizeFp8Params& params) {
   args.v_out_head = params.v_out.stride(1);
   args.heads = heads;
   args.rows = tokens * heads;
-  args.k_scale = params.k_scale;
-  args.v_scale = params.v_scale;
+  args.k_inverse = 1.0f / params.k_scale;
+  args.v_inverse = 1.0f / params.v_scale;
   const unsigned blocks = blocks_for(args.rows * kChunksPerHead, kThreads);
   cudaStream_t stream = as_cuda_stream(params.stream);
   if (params.k_nope.dtype == DType::kFloat16) {

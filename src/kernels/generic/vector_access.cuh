@@ -1,7 +1,7 @@
-// Device helpers of the memory-bound generic kernels: 16-byte chunk loads and stores, and the
-// 16-bit float conversions. A chunk address that is not 16-byte aligned (a strided view whose
-// row stride is not a multiple of 16 bytes) falls back to byte accesses: one code path for
-// every view, at the cost of two integer instructions per 16 bytes on the aligned path.
+// Device helpers of the memory-bound generic kernels: 16-byte chunk loads and stores (number
+// conversions: convert.cuh). A chunk address that is not 16-byte aligned (a strided view
+// whose row stride is not a multiple of 16 bytes) falls back to byte accesses: one code path
+// for every view, at the cost of two integer instructions per 16 bytes on the aligned path.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,6 +47,17 @@ __device__ __forceinline__ void store_chunk(void* address, uint4 value) {
   for (int i = 0; i < 16; ++i) bytes[i] = uint8_t(words[i / 4] >> (8 * (i % 4)));
 }
 
+// 8 bytes (half a chunk), with the same fallback.
+__device__ __forceinline__ void store_half_chunk(void* address, uint2 value) {
+  if ((reinterpret_cast<uintptr_t>(address) & 7) == 0) {
+    *static_cast<uint2*>(address) = value;
+    return;
+  }
+  uint8_t* bytes = static_cast<uint8_t*>(address);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) bytes[i] = uint8_t((i < 4 ? value.x : value.y) >> (8 * (i % 4)));
+}
+
 // log2 of a power of two (a page size), for shift/mask addressing.
 inline int log2_of(int64_t power_of_two) {
   int shift = 0;
@@ -79,42 +90,6 @@ __device__ __forceinline__ uint16_t chunk_half(const uint4& chunk, int i) {
 }
 __device__ __forceinline__ uint8_t chunk_byte(const uint4& chunk, int i) {
   return uint8_t(chunk_word(chunk, i / 4) >> (8 * (i % 4)));
-}
-
-// A 16-bit float (bf16 or fp16) as float.
-template <bool kFp16>
-__device__ __forceinline__ float half_to_float(uint16_t bits) {
-  return kFp16 ? fp16_to_float(bits) : bf16_to_float(bits);
-}
-
-// Packs 16 bytes / 8 halves, given in order, into a chunk.
-__device__ __forceinline__ uint4 pack_bytes(const uint8_t (&bytes)[16]) {
-  uint32_t words[4];
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    words[w] = uint32_t(bytes[4 * w]) | uint32_t(bytes[4 * w + 1]) << 8 |
-               uint32_t(bytes[4 * w + 2]) << 16 | uint32_t(bytes[4 * w + 3]) << 24;
-  }
-  return make_uint4(words[0], words[1], words[2], words[3]);
-}
-__device__ __forceinline__ uint4 pack_halves(const uint16_t (&halves)[8]) {
-  return make_uint4(uint32_t(halves[0]) | uint32_t(halves[1]) << 16,
-                    uint32_t(halves[2]) | uint32_t(halves[3]) << 16,
-                    uint32_t(halves[4]) | uint32_t(halves[5]) << 16,
-                    uint32_t(halves[6]) | uint32_t(halves[7]) << 16);
-}
-
-// 16 halves (two chunks, in order) -> 16 fp8 bytes of x / divisor (float division, as the CPU
-// reference divides).
-template <bool kFp16>
-__device__ __forceinline__ uint4 quantize_16(const uint4& low, const uint4& high, float divisor) {
-  uint8_t bytes[16];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    bytes[i] = float_to_fp8_e4m3(half_to_float<kFp16>(chunk_half(low, i)) / divisor);
-    bytes[8 + i] = float_to_fp8_e4m3(half_to_float<kFp16>(chunk_half(high, i)) / divisor);
-  }
-  return pack_bytes(bytes);
 }
 
 }  // namespace openmla::kernels

@@ -1,13 +1,15 @@
 // write_kv_cache: scatter new tokens (kv_c [T, 512] | k_pe [T, 64]) into a paged latent cache
-// at slot_mapping[t], in one of three formats: bf16 copy, fp8 per-tensor (fp8(x / scale)), or
-// the 656-byte ds_mla layout (per 128 latent values s = max(amax / 448, FLT_MIN), fp8(x / s),
-// scales as float32, rope as bf16).
-// Tiling: one warp per token, 8 tokens per 256-thread block; each lane owns 16-byte chunks of
-// the token's cache row (bf16: 72 chunks, lanes take 3; fp8: 36 chunks of 16 values; ds_mla:
-// lane l quantises latent values [16 l, 16 l + 16), so each 128-group is 8 lanes).
-// Pipeline: every lane issues all its 16-byte loads before converting and storing, so each
-// warp keeps up to 96 bytes per lane in flight; the ds_mla group amax is a 3-step xor shuffle
-// within the 8 lanes of the group, no shared memory.
+// at slot_mapping[t], in one of three formats: bf16 copy, fp8 per-tensor (fp8(x * inverse),
+// inverse = 1 / scale rounded once on the host), or the 656-byte ds_mla layout (per 128
+// latent values s = max(amax / 448, FLT_MIN), fp8(x * (1 / s)), scales as float32, rope as
+// bf16). Conversions are single hardware instructions (convert.cuh).
+// Tiling: 256-thread blocks. bf16: one warp per token, the 72 16-byte chunks of its row go
+// 3 to lanes 0..7, 2 to the others. fp8: one warp per 4 tokens, 288 pieces of 8 values, 9 per
+// lane. ds_mla: one warp per token, lane l quantises latent values [16 l, 16 l + 16) (each
+// 128-group is 8 lanes), lanes 0..7 also take 8 rope values.
+// Pipeline: every lane issues all its loads before converting and storing (bf16 48, fp8 144,
+// ds_mla 48 bytes per lane in flight); the ds_mla group amax is a 3-step xor shuffle within
+// the 8 lanes of the group, no shared memory.
 // Limits: rows whose address is not 16-byte aligned take a byte-access fallback (correct,
 // slower); slot < 0 skips the token without touching the cache; slots are trusted on the
 // device (the CPU path checks them).
@@ -15,7 +17,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/generic/kv_cache_kernels.h"
-#include "kernels/generic/vector_access.cuh"
+#include "kernels/generic/convert.cuh"
 
 namespace openmla::kernels {
 
@@ -37,7 +39,7 @@ struct WriteArgs {
   int64_t token_bytes;
   int page_shift;  // log2(page_size)
   int64_t tokens;
-  float scale;
+  float inverse_scale;  // fp8 per-tensor format: 1 / scale, rounded once on the host
 };
 
 // The cache row of this warp's token, or null when the token is skipped (or past the end).
@@ -83,28 +85,46 @@ __global__ void __launch_bounds__(kThreads) write_bf16_kernel(WriteArgs args) {
   }
 }
 
-// 576 fp8 = 36 chunks of 16 values: chunks 0..31 from kv_c, 32..35 from k_pe.
+// fp8: a warp quantises 4 consecutive tokens, 72 pieces of 8 values each (16 input bytes, 8
+// output bytes): 288 pieces, 9 per lane, so every lane does the same work. Pieces 0..63 of a
+// token come from kv_c, 64..71 from k_pe.
+constexpr int kFp8TokensPerWarp = 4;
+constexpr int kFp8TokensPerBlock = kTokensPerBlock * kFp8TokensPerWarp;
+constexpr int kPieceValues = 8;
+constexpr int kPiecesPerToken = kHeadDim / kPieceValues;                           // 72
+constexpr int kPiecesPerLane = kFp8TokensPerWarp * kPiecesPerToken / kWarpSize;    // 9
+static_assert(kFp8TokensPerWarp * kPiecesPerToken % kWarpSize == 0, "pieces split evenly");
+
 template <bool kFp16>
 __global__ void __launch_bounds__(kThreads) write_fp8_kernel(WriteArgs args) {
-  const int64_t token = warp_token();
-  uint8_t* row = token_row(args, token);
-  if (row == nullptr) return;
   const int lane = threadIdx.x % kWarpSize;
-  constexpr int kInputChunkBytes = 2 * kChunkBytes;  // 16 halves per 16 fp8 bytes
-  const uint8_t* latent = args.kv_c + token * args.kv_c_row_bytes + lane * kInputChunkBytes;
-  uint4 latent_low = load_chunk(latent);
-  uint4 latent_high = load_chunk(latent + kChunkBytes);
-  constexpr int kRopeChunks = kRopeDim / 16;
-  uint4 rope_low, rope_high;
-  if (lane < kRopeChunks) {
-    const uint8_t* rope = args.k_pe + token * args.k_pe_row_bytes + lane * kInputChunkBytes;
-    rope_low = load_chunk(rope);
-    rope_high = load_chunk(rope + kChunkBytes);
+  const int64_t first_token = warp_token() * kFp8TokensPerWarp;
+  uint8_t* rows[kFp8TokensPerWarp];
+#pragma unroll
+  for (int i = 0; i < kFp8TokensPerWarp; ++i) rows[i] = token_row(args, first_token + i);
+
+  uint4 data[kPiecesPerLane];
+  uint8_t* destination[kPiecesPerLane];
+#pragma unroll
+  for (int k = 0; k < kPiecesPerLane; ++k) {
+    const int piece = lane + k * kWarpSize;
+    const int token_in_warp = piece / kPiecesPerToken;  // compile-time divisor: a multiply
+    const int column = (piece % kPiecesPerToken) * kPieceValues;
+    // A select chain, not rows[token_in_warp]: a runtime index would put rows in local memory.
+    uint8_t* row = token_in_warp == 0 ? rows[0] : token_in_warp == 1 ? rows[1]
+                 : token_in_warp == 2 ? rows[2] : rows[3];
+    destination[k] = row == nullptr ? nullptr : row + column;
+    if (row == nullptr) continue;
+    const int64_t token = first_token + token_in_warp;
+    data[k] = column < kLatentDim
+                  ? load_chunk(args.kv_c + token * args.kv_c_row_bytes + column * 2)
+                  : load_chunk(args.k_pe + token * args.k_pe_row_bytes + (column - kLatentDim) * 2);
   }
-  store_chunk(row + lane * kChunkBytes, quantize_16<kFp16>(latent_low, latent_high, args.scale));
-  if (lane < kRopeChunks) {
-    store_chunk(row + kLatentDim + lane * kChunkBytes,
-                quantize_16<kFp16>(rope_low, rope_high, args.scale));
+#pragma unroll
+  for (int k = 0; k < kPiecesPerLane; ++k) {
+    if (destination[k] != nullptr) {
+      store_half_chunk(destination[k], quantize_8<kFp16>(data[k], args.inverse_scale));
+    }
   }
 }
 
@@ -138,18 +158,27 @@ __global__ void __launch_bounds__(kThreads) write_ds_mla_kernel(WriteArgs args) 
   for (int step = 1; step < kLanesPerGroup; step *= 2) {
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, step));
   }
-  const float scale = fmaxf(amax / kFp8E4M3Max, FLT_MIN);
-  uint8_t bytes[16];
+  const float scale = fmaxf(__fdiv_rn(amax, kFp8E4M3Max), FLT_MIN);
+  const float inverse_scale = __frcp_rn(scale);  // IEEE-rounded, as the host's 1.0f / scale
+  uint32_t words[4];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) bytes[i] = float_to_fp8_e4m3(values[i] / scale);
-  store_chunk(row + lane * kChunkBytes, pack_bytes(bytes));
+  for (int w = 0; w < 4; ++w) {
+    words[w] = fp8x2_from_floats(__fmul_rn(values[4 * w], inverse_scale),
+                                 __fmul_rn(values[4 * w + 1], inverse_scale)) |
+               fp8x2_from_floats(__fmul_rn(values[4 * w + 2], inverse_scale),
+                                 __fmul_rn(values[4 * w + 3], inverse_scale)) << 16;
+  }
+  store_chunk(row + lane * kChunkBytes, make_uint4(words[0], words[1], words[2], words[3]));
   if (lane % kLanesPerGroup == 0) store_float(row + kDsMlaScaleOffset + 4 * (lane / kLanesPerGroup), scale);
   if (lane < kRopeChunks) {
     if (kFp16) {
-      uint16_t halves[8];
+      uint32_t pairs[4];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) halves[i] = float_to_bf16(fp16_to_float(chunk_half(rope, i)));
-      rope = pack_halves(halves);
+      for (int w = 0; w < 4; ++w) {
+        pairs[w] = bf16x2_from_floats(fp16_to_float_device(chunk_half(rope, 2 * w)),
+                                      fp16_to_float_device(chunk_half(rope, 2 * w + 1)));
+      }
+      rope = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
     }
     store_chunk(row + kDsMlaRopeOffset + lane * kChunkBytes, rope);
   }
@@ -175,16 +204,17 @@ void write_kv_cache(const WriteKvCacheParams& params) {
   args.token_bytes = cache.stride(1) * int64_t(cache_element);
   args.page_shift = log2_of(cache.size(1));
   args.tokens = tokens;
-  args.scale = params.scale;
+  args.inverse_scale = 1.0f / params.scale;
 
   const bool fp16_input = params.kv_c.dtype == DType::kFloat16;
   const unsigned blocks = blocks_for(tokens, kTokensPerBlock);
+  const unsigned fp8_blocks = blocks_for(tokens, kFp8TokensPerBlock);
   cudaStream_t stream = as_cuda_stream(params.stream);
   if (cache.dtype == DType::kBFloat16) {
     write_bf16_kernel<<<blocks, kThreads, 0, stream>>>(args);
   } else if (cache.size(2) == kHeadDim) {
-    if (fp16_input) write_fp8_kernel<true><<<blocks, kThreads, 0, stream>>>(args);
-    else write_fp8_kernel<false><<<blocks, kThreads, 0, stream>>>(args);
+    if (fp16_input) write_fp8_kernel<true><<<fp8_blocks, kThreads, 0, stream>>>(args);
+    else write_fp8_kernel<false><<<fp8_blocks, kThreads, 0, stream>>>(args);
   } else {
     if (fp16_input) write_ds_mla_kernel<true><<<blocks, kThreads, 0, stream>>>(args);
     else write_ds_mla_kernel<false><<<blocks, kThreads, 0, stream>>>(args);
