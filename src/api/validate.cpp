@@ -1,5 +1,6 @@
 #include "validate.h"
 
+#include <cfloat>
 #include <cmath>
 #include <vector>
 
@@ -78,8 +79,9 @@ void ArgumentChecker::last_dim_contiguous(const char* argument, const TensorView
 }
 
 void ArgumentChecker::positive_finite(const char* argument, float value) const {
-  if (!(value > 0.0f) || !std::isfinite(value)) {
-    fail(argument, "expected a positive finite value, got " + std::to_string(value));
+  // At least FLT_MIN (normal), so that kernels may use its reciprocal, which stays finite.
+  if (!(value >= FLT_MIN) || !std::isfinite(value)) {
+    fail(argument, "expected a positive, finite, normal float, got " + std::to_string(value));
   }
 }
 
