@@ -1,8 +1,10 @@
 // openmla-bench: the KV-cache utilities of include/openmla/kv_cache.h. All are memory-bound,
 // so each case counts bytes only: every input byte the op must read once plus every output
-// byte it must write once. Sizes give >= 64 MiB of traffic per call (beyond the 50-60 MB L2
-// of an H100/H200), at shapes an engine sees: a 64K-token prefill chunk written to the cache,
-// 8 requests of 8K tokens gathered, 2048-of-64K top-k indices for an 8K chunk, 128 heads.
+// byte it must write once. Each case moves 0.5-2 GB per call, far beyond the 50-60 MB L2 of
+// an H100/H200 and long enough (100-500 us) that launch ramp-up and tail stay a few percent:
+// a 512K-token prefill written to the cache, 8 requests of 64K tokens gathered, 2048-of-64K
+// top-k indices for a 64K-token chunk of 32 requests, 128 heads of an 8K-token chunk packed.
+
 #include <string>
 #include <vector>
 
@@ -24,7 +26,7 @@ std::string page_suffix() { return " page=" + std::to_string(kPageSize); }
 enum class CacheFormat { kBf16, kFp8, kDsMla };
 
 Case write_kv_cache_case(CacheFormat format) {
-  constexpr int64_t kTokens = 65536;
+  constexpr int64_t kTokens = 524288;
   constexpr int64_t kPages = kTokens / kPageSize;
   const char* label = format == CacheFormat::kBf16 ? "bf16"
                       : format == CacheFormat::kFp8 ? "fp8"
@@ -68,7 +70,7 @@ Case write_kv_cache_case(CacheFormat format) {
 
 // ---- gather_ds_mla_cache: B requests of L tokens each, from shuffled pages to bf16 rows ----
 Case gather_ds_mla_cache_case() {
-  constexpr int64_t kRequests = 8, kLength = 8192;
+  constexpr int64_t kRequests = 8, kLength = 65536;
   constexpr int64_t kPagesPerRequest = kLength / kPageSize;
   constexpr int64_t kTokens = kRequests * kLength;
   Case gather;
@@ -99,7 +101,7 @@ Case gather_ds_mla_cache_case() {
 
 // ---- convert_topk_indices: an 8K-token chunk of 4 requests, top-2048 of a 64K context -------
 Case convert_topk_indices_case() {
-  constexpr int64_t kTokens = 8192, kTopk = 2048, kRequests = 4, kContext = 65536;
+  constexpr int64_t kTokens = 65536, kTopk = 2048, kRequests = 32, kContext = 65536;
   constexpr int64_t kMaxPages = kContext / kPageSize;
   Case convert;
   convert.op = "convert_topk_indices";
@@ -135,7 +137,7 @@ Case convert_topk_indices_case() {
 
 // ---- pack_kv_quantize_fp8: a 2K-token prefill chunk, 128 heads, rope shared by the heads ---
 Case pack_kv_quantize_fp8_case() {
-  constexpr int64_t kTokens = 2048, kHeads = 128, kNope = 128, kRope = 64, kValue = 128;
+  constexpr int64_t kTokens = 8192, kHeads = 128, kNope = 128, kRope = 64, kValue = 128;
   Case pack;
   pack.op = "pack_kv_quantize_fp8";
   pack.name = "T=" + std::to_string(kTokens) + " H=" + std::to_string(kHeads) + " rope=shared";
@@ -200,8 +202,8 @@ void add_kv_cache_cases(std::vector<Case>& cases) {
   cases.push_back(gather_ds_mla_cache_case());
   cases.push_back(convert_topk_indices_case());
   cases.push_back(pack_kv_quantize_fp8_case());
-  cases.push_back(merge_attention_case(DType::kBFloat16, 2048));
-  cases.push_back(merge_attention_case(DType::kFloat32, 1024));
+  cases.push_back(merge_attention_case(DType::kBFloat16, 16384));
+  cases.push_back(merge_attention_case(DType::kFloat32, 8192));
 }
 
 }  // namespace openmla::bench

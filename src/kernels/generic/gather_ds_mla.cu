@@ -2,14 +2,15 @@
 // token: 512 fp8 | 4 float32 group scales | 64 bf16 rope) and write them as contiguous BF16
 // rows [T, 576]: latent = bf16(fp8 * group scale), rope copied. Conversions are hardware
 // instructions (convert.cuh).
-// Tiling: one warp per 4 consecutive output rows, 8 warps (32 rows) per 256-thread block.
-// Lanes 0..3 find the request of one row each (binary search of cu_seq_lens, device-resident,
-// so the host cannot tile per request) and the token's cache address, then share the four
-// addresses by shuffle. Lane l dequantises latent bytes [16 l, 16 l + 16) of all four rows
-// and copies rope chunk l % 8 of row l / 8 (4 rows x 8 chunks = 32 lanes).
-// Pipeline: the four rows' searches run in parallel lanes, then every lane issues all its
-// loads (four 16-byte latent chunks, four scales, one rope chunk) before any conversion or
-// store: 84 bytes per lane, ~170 KiB per SM in flight.
+// Tiling: one warp per 8 consecutive output rows, 8 warps (64 rows) per 256-thread block.
+// Lanes 0..7 find the request of one row each (binary search of cu_seq_lens, device-resident,
+// so the host cannot tile per request) and the token's cache address, then share the eight
+// addresses by shuffle. For every row, lane l dequantises latent values [8 l, 8 l + 8) and
+// [256 + 8 l, 256 + 8 l + 8): 8-byte loads and 16-byte stores, so each warp instruction reads
+// 256 and writes 512 contiguous bytes. The 8 rows' rope (8 x 128 bytes) is 2 chunks per lane.
+// Pipeline: the eight searches run in parallel lanes (one dependent chain per 8 rows), then
+// every lane issues all its loads (16 x 8 latent bytes, 2 rope chunks, 16 scales) before any
+// conversion or store: ~200 bytes per lane, ~12 KiB per warp in flight.
 // Limits: rows of out at or past cu_seq_lens[B] are not written; block-table entries and
 // lengths are trusted on the device (the CPU path checks them); unaligned rows take the
 // byte-access fallback.
@@ -22,7 +23,7 @@ namespace openmla::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kRowsPerWarp = 4;
+constexpr int kRowsPerWarp = 8;
 constexpr int kRowsPerBlock = kThreads / kWarpSize * kRowsPerWarp;
 
 struct GatherArgs {
@@ -58,6 +59,18 @@ __device__ __forceinline__ const uint8_t* row_token(const GatherArgs& args, int6
          (position & ((int64_t(1) << args.page_shift) - 1)) * args.token_bytes;
 }
 
+// 8 fp8 values (one 8-byte word pair) times their group scale, as 8 bf16 (16 bytes).
+__device__ __forceinline__ uint4 dequantize_8(uint2 quantized, float scale) {
+  uint32_t pairs[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t word = w < 2 ? quantized.x : quantized.y;
+    const float2 values = floats_from_fp8x2(word >> (16 * (w % 2)));
+    pairs[w] = bf16x2_from_floats(__fmul_rn(values.x, scale), __fmul_rn(values.y, scale));
+  }
+  return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+}
+
 __global__ void __launch_bounds__(kThreads) gather_ds_mla_kernel(GatherArgs args) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t first_row =
@@ -70,39 +83,52 @@ __global__ void __launch_bounds__(kThreads) gather_ds_mla_kernel(GatherArgs args
         __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(own_token), r));
   }
 
-  constexpr int kLanesPerGroup = kDsMlaGroupSize / 16;     // 8
-  constexpr int kRopeChunks = kRopeDim * 2 / kChunkBytes;  // 8
-  static_assert(kRowsPerWarp * kRopeChunks == kWarpSize, "one rope chunk per lane");
-  const int rope_row = lane / kRopeChunks, rope_chunk = lane % kRopeChunks;
-  // A select chain, not tokens[rope_row]: a runtime index would put tokens in local memory.
-  const uint8_t* rope_token = rope_row == 0 ? tokens[0] : rope_row == 1 ? tokens[1]
-                            : rope_row == 2 ? tokens[2] : tokens[3];
-  uint4 quantized[kRowsPerWarp];
-  float scales[kRowsPerWarp];
+  // Latent halves: values [8 lane, 8 lane + 8) and [256 + 8 lane, ...); group = value / 128.
+  constexpr int kHalf = kLatentDim / 2;
+  const int group_low = (8 * lane) / kDsMlaGroupSize;
+  const int group_high = (kHalf + 8 * lane) / kDsMlaGroupSize;
+  constexpr int kRopeChunks = kRopeDim * 2 / kChunkBytes;  // 8 per row
+  static_assert(kRowsPerWarp * kRopeChunks == 2 * kWarpSize, "two rope chunks per lane");
+
+  uint2 low[kRowsPerWarp], high[kRowsPerWarp];
+  float scale_low[kRowsPerWarp], scale_high[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     if (tokens[r] == nullptr) continue;
-    quantized[r] = load_chunk(tokens[r] + lane * kChunkBytes);
-    scales[r] = load_float(tokens[r] + kDsMlaScaleOffset + 4 * (lane / kLanesPerGroup));
+    low[r] = load_half_chunk(tokens[r] + 8 * lane);
+    high[r] = load_half_chunk(tokens[r] + kHalf + 8 * lane);
+    scale_low[r] = load_float(tokens[r] + kDsMlaScaleOffset + 4 * group_low);
+    scale_high[r] = load_float(tokens[r] + kDsMlaScaleOffset + 4 * group_high);
   }
-  uint4 rope;
-  if (rope_token != nullptr) rope = load_chunk(rope_token + kDsMlaRopeOffset + rope_chunk * kChunkBytes);
+  // Rope chunk c of the warp's 64 (row c / 8, chunk c % 8): lane takes c = lane and lane + 32.
+  uint4 rope[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int chunk = lane + k * kWarpSize;
+    const uint8_t* token = tokens[0];
+#pragma unroll
+    for (int r = 1; r < kRowsPerWarp; ++r) token = (chunk / kRopeChunks == r) ? tokens[r] : token;
+    if (token != nullptr) rope[k] = load_chunk(token + kDsMlaRopeOffset + (chunk % kRopeChunks) * kChunkBytes);
+  }
 
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     if (tokens[r] == nullptr) continue;
-    uint32_t pairs[8];
-#pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      const float2 values = floats_from_fp8x2(chunk_word(quantized[r], w / 2) >> (16 * (w % 2)));
-      pairs[w] = bf16x2_from_floats(__fmul_rn(values.x, scales[r]), __fmul_rn(values.y, scales[r]));
-    }
-    uint16_t* out = args.out + (first_row + r) * args.out_row + lane * 16;
-    store_chunk(out, make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]));
-    store_chunk(out + 8, make_uint4(pairs[4], pairs[5], pairs[6], pairs[7]));
+    uint16_t* out = args.out + (first_row + r) * args.out_row;
+    store_chunk(out + 8 * lane, dequantize_8(low[r], scale_low[r]));
+    store_chunk(out + kHalf + 8 * lane, dequantize_8(high[r], scale_high[r]));
   }
-  if (rope_token != nullptr) {
-    store_chunk(args.out + (first_row + rope_row) * args.out_row + kLatentDim + rope_chunk * 8, rope);
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int chunk = lane + k * kWarpSize;
+    const int row = chunk / kRopeChunks;
+    const uint8_t* token = tokens[0];
+#pragma unroll
+    for (int r = 1; r < kRowsPerWarp; ++r) token = (row == r) ? tokens[r] : token;
+    if (token != nullptr) {
+      store_chunk(args.out + (first_row + row) * args.out_row + kLatentDim + (chunk % kRopeChunks) * 8,
+                  rope[k]);
+    }
   }
 }
 

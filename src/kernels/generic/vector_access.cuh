@@ -36,9 +36,11 @@ __device__ __forceinline__ uint4 load_chunk(const void* address) {
   return value;
 }
 
+// Outputs of these kernels are written once and not read back by them: streaming stores
+// (evict-first) keep them from pushing inputs that are still to be read out of L2.
 __device__ __forceinline__ void store_chunk(void* address, uint4 value) {
   if (chunk_aligned(address)) {
-    *static_cast<uint4*>(address) = value;
+    __stcs(static_cast<uint4*>(address), value);
     return;
   }
   uint8_t* bytes = static_cast<uint8_t*>(address);
@@ -48,6 +50,16 @@ __device__ __forceinline__ void store_chunk(void* address, uint4 value) {
 }
 
 // 8 bytes (half a chunk), with the same fallback.
+// 8-byte load with the same unaligned fallback as load_chunk.
+__device__ __forceinline__ uint2 load_half_chunk(const void* address) {
+  if ((reinterpret_cast<uintptr_t>(address) & 7) == 0) return *static_cast<const uint2*>(address);
+  const uint8_t* bytes = static_cast<const uint8_t*>(address);
+  uint2 value;
+  value.x = uint32_t(bytes[0]) | uint32_t(bytes[1]) << 8 | uint32_t(bytes[2]) << 16 | uint32_t(bytes[3]) << 24;
+  value.y = uint32_t(bytes[4]) | uint32_t(bytes[5]) << 8 | uint32_t(bytes[6]) << 16 | uint32_t(bytes[7]) << 24;
+  return value;
+}
+
 __device__ __forceinline__ void store_half_chunk(void* address, uint2 value) {
   if ((reinterpret_cast<uintptr_t>(address) & 7) == 0) {
     *static_cast<uint2*>(address) = value;

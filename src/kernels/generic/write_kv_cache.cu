@@ -9,7 +9,8 @@
 // 128-group is 8 lanes), lanes 0..7 also take 8 rope values.
 // Pipeline: every lane issues all its loads before converting and storing (bf16 48, fp8 144,
 // ds_mla 48 bytes per lane in flight); the ds_mla group amax is a 3-step xor shuffle within
-// the 8 lanes of the group, no shared memory.
+// the 8 lanes of the group, no shared memory. The slot index loads alongside the data and is
+// tested only before the stores, so its latency is hidden.
 // Limits: rows whose address is not 16-byte aligned take a byte-access fallback (correct,
 // slower); slot < 0 skips the token without touching the cache; slots are trusted on the
 // device (the CPU path checks them).
@@ -61,8 +62,9 @@ __device__ __forceinline__ int64_t warp_token() {
 // 576 bf16 = 72 chunks: chunks 0..63 come from kv_c, 64..71 from k_pe.
 __global__ void __launch_bounds__(kThreads) write_bf16_kernel(WriteArgs args) {
   const int64_t token = warp_token();
+  if (token >= args.tokens) return;
+  // Issued now, tested only before the stores: the slot's latency overlaps the data loads.
   uint8_t* row = token_row(args, token);
-  if (row == nullptr) return;
   const int lane = threadIdx.x % kWarpSize;
   constexpr int kChunks = kHeadDim * 2 / kChunkBytes;
   constexpr int kLatentChunks = kLatentDim * 2 / kChunkBytes;
@@ -78,6 +80,7 @@ __global__ void __launch_bounds__(kThreads) write_bf16_kernel(WriteArgs args) {
       data[k] = load_chunk(k_pe + (chunk - kLatentChunks) * kChunkBytes);
     }
   }
+  if (row == nullptr) return;
 #pragma unroll
   for (int k = 0; k < 3; ++k) {
     int chunk = lane + k * kWarpSize;
@@ -99,32 +102,30 @@ template <bool kFp16>
 __global__ void __launch_bounds__(kThreads) write_fp8_kernel(WriteArgs args) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t first_token = warp_token() * kFp8TokensPerWarp;
-  uint8_t* rows[kFp8TokensPerWarp];
-#pragma unroll
-  for (int i = 0; i < kFp8TokensPerWarp; ++i) rows[i] = token_row(args, first_token + i);
-
+  // Data loads first (they need only the token count), slots after: the latencies overlap.
   uint4 data[kPiecesPerLane];
-  uint8_t* destination[kPiecesPerLane];
 #pragma unroll
   for (int k = 0; k < kPiecesPerLane; ++k) {
     const int piece = lane + k * kWarpSize;
-    const int token_in_warp = piece / kPiecesPerToken;  // compile-time divisor: a multiply
+    const int64_t token = first_token + piece / kPiecesPerToken;  // compile-time divisor
     const int column = (piece % kPiecesPerToken) * kPieceValues;
-    // A select chain, not rows[token_in_warp]: a runtime index would put rows in local memory.
-    uint8_t* row = token_in_warp == 0 ? rows[0] : token_in_warp == 1 ? rows[1]
-                 : token_in_warp == 2 ? rows[2] : rows[3];
-    destination[k] = row == nullptr ? nullptr : row + column;
-    if (row == nullptr) continue;
-    const int64_t token = first_token + token_in_warp;
+    if (token >= args.tokens) continue;
     data[k] = column < kLatentDim
                   ? load_chunk(args.kv_c + token * args.kv_c_row_bytes + column * 2)
                   : load_chunk(args.k_pe + token * args.k_pe_row_bytes + (column - kLatentDim) * 2);
   }
+  uint8_t* rows[kFp8TokensPerWarp];
+#pragma unroll
+  for (int i = 0; i < kFp8TokensPerWarp; ++i) rows[i] = token_row(args, first_token + i);
 #pragma unroll
   for (int k = 0; k < kPiecesPerLane; ++k) {
-    if (destination[k] != nullptr) {
-      store_half_chunk(destination[k], quantize_8<kFp16>(data[k], args.inverse_scale));
-    }
+    const int piece = lane + k * kWarpSize;
+    const int token_in_warp = piece / kPiecesPerToken;
+    const int column = (piece % kPiecesPerToken) * kPieceValues;
+    // A select chain, not rows[token_in_warp]: a runtime index would put rows in local memory.
+    uint8_t* row = token_in_warp == 0 ? rows[0] : token_in_warp == 1 ? rows[1]
+                 : token_in_warp == 2 ? rows[2] : rows[3];
+    if (row != nullptr) store_half_chunk(row + column, quantize_8<kFp16>(data[k], args.inverse_scale));
   }
 }
 
@@ -133,8 +134,9 @@ __global__ void __launch_bounds__(kThreads) write_fp8_kernel(WriteArgs args) {
 template <bool kFp16>
 __global__ void __launch_bounds__(kThreads) write_ds_mla_kernel(WriteArgs args) {
   const int64_t token = warp_token();
+  if (token >= args.tokens) return;  // whole warps: the shuffles below see every lane
+  // Issued now, tested only before the stores: the slot's latency overlaps the data loads.
   uint8_t* row = token_row(args, token);
-  if (row == nullptr) return;
   const int lane = threadIdx.x % kWarpSize;
   constexpr int kRopeChunks = kRopeDim * 2 / kChunkBytes;  // 8
   constexpr int kLanesPerGroup = kDsMlaGroupSize / 16;     // 8
@@ -168,6 +170,7 @@ __global__ void __launch_bounds__(kThreads) write_ds_mla_kernel(WriteArgs args) 
                fp8x2_from_floats(__fmul_rn(values[4 * w + 2], inverse_scale),
                                  __fmul_rn(values[4 * w + 3], inverse_scale)) << 16;
   }
+  if (row == nullptr) return;  // uniform per warp
   store_chunk(row + lane * kChunkBytes, make_uint4(words[0], words[1], words[2], words[3]));
   if (lane % kLanesPerGroup == 0) store_float(row + kDsMlaScaleOffset + 4 * (lane / kLanesPerGroup), scale);
   if (lane < kRopeChunks) {
