@@ -331,7 +331,10 @@ struct ConvertSetup {
   ConvertTopkIndicesParams params;
 };
 
-ConvertSetup make_convert(std::mt19937_64& rng, int64_t tokens, int64_t topk, bool with_length) {
+// consecutive_requests: each request owns one run of rows (as in a real batch), so that some
+// 8-row groups of the kernel have one request (table staged in shared memory) and some span two.
+ConvertSetup make_convert(std::mt19937_64& rng, int64_t tokens, int64_t topk, bool with_length,
+                          bool consecutive_requests = false) {
   ConvertSetup setup;
   const int64_t batch = 3, max_pages = 5, page_size = 16;
   setup.local = HostTensor(DType::kInt32, {tokens, topk});
@@ -339,7 +342,9 @@ ConvertSetup make_convert(std::mt19937_64& rng, int64_t tokens, int64_t topk, bo
   for (int64_t i = 0; i < setup.local.numel(); ++i) setup.local.data<int32_t>()[i] = position(rng);
   setup.request_ids = HostTensor(DType::kInt32, {tokens});
   std::uniform_int_distribution<int32_t> request(0, int32_t(batch - 1));
-  for (int64_t t = 0; t < tokens; ++t) setup.request_ids.data<int32_t>()[t] = request(rng);
+  for (int64_t t = 0; t < tokens; ++t) {
+    setup.request_ids.data<int32_t>()[t] = consecutive_requests ? int32_t(t * batch / tokens) : request(rng);
+  }
   setup.block_table = HostTensor(DType::kInt32, {batch, max_pages});
   std::uniform_int_distribution<int32_t> page(0, 100000);
   for (int64_t i = 0; i < batch * max_pages; ++i) setup.block_table.data<int32_t>()[i] = page(rng);
@@ -652,9 +657,25 @@ TEST(KvCacheGpu, GatherDsMlaMatchesReference) {
   for (DType dtype : {DType::kUInt8, DType::kFloat8E4M3}) {
     for (int64_t out_stride : {576, 580}) {
       GatherSetup setup = make_gather(rng, dtype, out_stride);
+      // out_stride 580 also moves the cache to a 664-byte token stride (not a multiple of 16),
+      // which takes the register kernel instead of the cp.async staged one.
+      const bool padded_cache = out_stride != 576;
+      if (padded_cache) {
+        const int64_t pages = setup.cache.view().size(0), page_size = setup.cache.view().size(1);
+        constexpr int64_t kPaddedToken = kDsMlaBytesPerToken + 8;
+        HostTensor padded(dtype, {pages, page_size, kPaddedToken});
+        poison(padded);
+        for (int64_t token = 0; token < pages * page_size; ++token) {
+          std::memcpy(padded.bytes.data() + token * kPaddedToken,
+                      setup.cache.bytes.data() + token * kDsMlaBytesPerToken, kDsMlaBytesPerToken);
+        }
+        setup.cache = std::move(padded);
+        setup.params.kv_cache = strided_view(setup.cache, {pages, page_size, kDsMlaBytesPerToken},
+                                             {page_size * kPaddedToken, kPaddedToken, 1});
+      }
       DeviceTensor cache(setup.cache), table(setup.block_table), lengths(setup.cu_seq_lens), out(setup.out);
       GatherDsMlaCacheParams params;
-      params.kv_cache = cache.view();
+      params.kv_cache = cache.relocate(setup.cache, setup.params.kv_cache);
       params.block_table = table.view();
       params.cu_seq_lens = lengths.view();
       params.out = out.relocate(setup.out, setup.params.out);
@@ -670,9 +691,19 @@ TEST(KvCacheGpu, GatherDsMlaMatchesReference) {
 TEST(KvCacheGpu, ConvertTopkMatchesReference) {
   OPENMLA_REQUIRE_GPU();
   auto rng = make_rng();
-  for (int64_t topk : {2048, 37, 1}) {
+  struct Case {
+    int64_t tokens, topk;
+    bool consecutive_requests;
+  };
+  // Random requests: every 8-row group mixes requests (global lookups). Consecutive requests
+  // over 37 rows: groups 0-7, 16-23 and 32-36 (partial) have one request (staged table),
+  // groups 8-15 and 24-31 span two.
+  for (Case c : {Case{67, 2048, false}, Case{67, 37, false}, Case{67, 1, false}, Case{37, 300, true},
+                 Case{37, 2048, true}, Case{37, 1, true}}) {
     for (bool with_length : {false, true}) {
-      ConvertSetup setup = make_convert(rng, 67, topk, with_length);
+      SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " topk " << c.topk
+                                        << " consecutive " << c.consecutive_requests << " length " << with_length);
+      ConvertSetup setup = make_convert(rng, c.tokens, c.topk, with_length, c.consecutive_requests);
       DeviceTensor local(setup.local), requests(setup.request_ids), table(setup.block_table),
           length(setup.topk_length), global(setup.global);
       ConvertTopkIndicesParams params = setup.params;
@@ -684,8 +715,7 @@ TEST(KvCacheGpu, ConvertTopkMatchesReference) {
       convert_topk_indices(params);
       HostTensor from_gpu = setup.global;
       global.copy_to(from_gpu);
-      convert_topk_indices(setup.params);
-      expect_same_bytes(from_gpu, setup.global, "global_indices");
+      expect_same_bytes(from_gpu, brute_force_convert(setup), "global_indices");
     }
   }
 }
