@@ -48,6 +48,9 @@ else
 fi
 
 step "benchmark"
-"$build/bench/openmla-bench" --json "$out/bench.json" --plot "$out/bench" "$@" 2>>"$log" | tee "$out/bench.txt"
+# Only 8 files come back from the device: keep the summary chart, leave the per-op ones.
+mkdir -p /tmp/openmla-plots
+"$build/bench/openmla-bench" --json "$out/bench.json" --plot /tmp/openmla-plots/bench "$@" 2>>"$log" | tee "$out/bench.txt"
 [ "${PIPESTATUS[0]}" = "0" ] || status=1
+cp /tmp/openmla-plots/bench_summary.png "$out/" 2>/dev/null
 exit $status
