@@ -1,6 +1,8 @@
 // KV-cache utilities: validation and dispatch. The contract is in include/openmla/kv_cache.h.
 #include "openmla/kv_cache.h"
 
+#include <cstdint>
+
 #include "dispatch.h"
 #include "kernels/generic/kv_cache_kernels.h"
 #include "openmla/numerics.h"
@@ -161,6 +163,11 @@ void validate(const ArgumentChecker& check, const ConvertTopkIndicesParams& para
   check.rank("block_table", params.block_table, 2);
   check.last_dim_contiguous("block_table", params.block_table);
   check.power_of_two("page_size", params.page_size, 1, kMaxPageSize);
+  // Global slot ids are int32, so every position of a request must map to one.
+  if (params.block_table.size(1) * params.page_size > INT32_MAX) {
+    check.fail("block_table", "expected max_pages * page_size <= 2^31 - 1 (int32 slot ids), got " +
+                                  std::to_string(params.block_table.size(1) * params.page_size));
+  }
   if (params.topk_length.present()) {
     check.required("topk_length", params.topk_length);
     check.dtype("topk_length", params.topk_length, {DType::kInt32});
