@@ -12,7 +12,7 @@
 // first copies that table row into shared memory (coalesced, 16-byte chunks when aligned) and
 // looks up there. A group with mixed requests looks up in global memory. The choice is
 // uniform per block, so the barriers never diverge.
-// Pipeline: per row, the row's request id and length and the thread's 4 position loads are
+// Pipeline: per row, the row's request id and length and the thread's 2 position loads are
 // independent; then all 8 table reads are issued before any is used.
 // Limits: staging needs max_pages <= kMaxStagedPages (48 KB of shared memory) and is skipped
 // when a group does fewer lookups than the table has pages (short rows, huge tables). The block
