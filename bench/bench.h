@@ -21,6 +21,10 @@ namespace openmla::bench {
 struct Launcher {
   int copies = 1;
   std::function<void(int copy, Stream stream)> run;
+  // > 0: time the whole op, every kernel it launches included, by replaying a CUDA graph of
+  // this many calls (copies rotating) and dividing by the count, for ops so short that launch
+  // gaps would dominate event timing (PERF.md: D4, D5). 0: CUDA events around each call.
+  int graph_calls = 0;
 };
 
 struct Case {
@@ -65,13 +69,16 @@ std::vector<Case> ceiling_cases();
 
 // Per-op case lists. A new op adds one function here and one line in main.cpp.
 void add_kv_cache_cases(std::vector<Case>& cases);
+void add_dense_decode_cases(std::vector<Case>& cases);
 
-// Median time of one call in microseconds: CUDA events around each call, after a warm-up
-// that touches every copy, copies rotated call after call.
+// Median time of one call in microseconds: CUDA events around each call (or each replay of
+// the call graph, see Launcher::graph_calls), after a warm-up that touches every copy, copies
+// rotated call after call.
 double median_time_us(const Launcher& launcher, int repetitions, Stream stream);
 
 // How many input copies keep a rotation of `bytes_per_copy` out of the L2 cache: enough to
-// span several times the L2 of the current device, at least 2.
+// span several times the L2 of the current device, at least 2, but never more than fit in a
+// fixed memory budget (a copy of a long-context decode case is 1-3 GB).
 int rotation_copies(double bytes_per_copy);
 #endif
 

@@ -122,6 +122,7 @@ bool run_gpu(const Options& options, RunInfo& info, Ceilings& ceilings,
   std::vector<Case> ceiling_list = ceiling_cases();
   std::vector<Case> all_cases, cases;
   add_kv_cache_cases(all_cases);
+  add_dense_decode_cases(all_cases);
   for (const Case& candidate : all_cases) {
     const std::string label = candidate.op + " " + candidate.dtype + " " + candidate.name;
     if (label.find(options.filter) != std::string::npos) cases.push_back(candidate);

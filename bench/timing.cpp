@@ -2,11 +2,14 @@
 // Each call is bracketed by its own pair of CUDA events (no host synchronisation between
 // calls, so launch overhead overlaps the previous call as it would in an engine) and the
 // median is reported: robust against the odd slow call (clock ramp, a neighbour's burst).
+// Ops of a few microseconds are timed as whole ops instead: a CUDA graph of N calls is
+// replayed, each replay bracketed by events, and the time divided by N (PERF.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "bench.h"
@@ -27,18 +30,19 @@ constexpr double kL2Multiple = 4.0;
 // should be the rates that PERF.md's reference figures (a few warm-up calls) describe.
 constexpr double kWarmupSeconds = 0.01;
 constexpr int kMaxWarmupCalls = 10000;
-}  // namespace
+// Rotation copies of one case stay within this much device memory (an H100 has 80 GB).
+constexpr double kMaxRotationBytes = 32e9;
 
-double median_time_us(const Launcher& launcher, int repetitions, Stream stream) {
-  cudaStream_t cuda_stream = as_cuda_stream(stream);
-  // Warm-up: every copy at least once (first touch, lazy module loading), then on until the
-  // clocks have settled.
+// Median time in us of `call(i)` (i counts calls, warm-up included): a warm-up of at least
+// `min_warmup_calls` calls that goes on until the clocks have settled, then `repetitions` calls
+// each bracketed by its own pair of events.
+double median_event_time_us(const std::function<void(size_t)>& call, size_t min_warmup_calls,
+                            int repetitions, cudaStream_t cuda_stream) {
   const auto warmup_start = std::chrono::steady_clock::now();
-  const size_t copies = size_t(launcher.copies);
-  const size_t batch = std::max<size_t>(copies, 8);  // calls between checks of the clock
+  const size_t batch = std::max<size_t>(min_warmup_calls, 8);  // calls between clock checks
   size_t warmup = 0;
   for (;;) {
-    for (size_t i = 0; i < batch; ++i, ++warmup) launcher.run(int(warmup % copies), stream);
+    for (size_t i = 0; i < batch; ++i, ++warmup) call(warmup);
     check_cuda(cudaStreamSynchronize(cuda_stream), kOp, "warm-up");
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - warmup_start;
     if (elapsed.count() >= kWarmupSeconds || warmup >= size_t(kMaxWarmupCalls)) break;
@@ -52,7 +56,7 @@ double median_time_us(const Launcher& launcher, int repetitions, Stream stream) 
   }
   for (size_t i = 0; i < count; ++i) {
     check_cuda(cudaEventRecord(starts[i], cuda_stream), kOp, "cudaEventRecord");
-    launcher.run(int((warmup + i) % copies), stream);
+    call(warmup + i);
     check_cuda(cudaEventRecord(stops[i], cuda_stream), kOp, "cudaEventRecord");
   }
   check_cuda(cudaStreamSynchronize(cuda_stream), kOp, "timed calls");
@@ -71,13 +75,57 @@ double median_time_us(const Launcher& launcher, int repetitions, Stream stream) 
                              : 0.5 * (times_us[middle - 1] + times_us[middle]);
 }
 
+// Captures graph_calls calls of the launcher (copies rotating) into one executable graph.
+// Every copy runs once eagerly first, so that first-touch work and lazy module loading (which
+// capture forbids) are done, and an op that cannot run fails here, outside the capture.
+cudaGraphExec_t capture_calls(const Launcher& launcher, Stream stream) {
+  cudaStream_t cuda_stream = as_cuda_stream(stream);
+  for (int copy = 0; copy < launcher.copies; ++copy) launcher.run(copy, stream);
+  check_cuda(cudaStreamSynchronize(cuda_stream), kOp, "calls before capture");
+  check_cuda(cudaStreamBeginCapture(cuda_stream, cudaStreamCaptureModeThreadLocal), kOp,
+             "cudaStreamBeginCapture");
+  cudaGraph_t graph = nullptr;
+  try {
+    for (int i = 0; i < launcher.graph_calls; ++i) launcher.run(i % launcher.copies, stream);
+  } catch (...) {
+    cudaStreamEndCapture(cuda_stream, &graph);  // leave the stream usable for the next case
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  check_cuda(cudaStreamEndCapture(cuda_stream, &graph), kOp, "cudaStreamEndCapture");
+  cudaGraphExec_t executable = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&executable, graph, 0);
+  cudaGraphDestroy(graph);
+  check_cuda(instantiated, kOp, "cudaGraphInstantiate");
+  return executable;
+}
+
+}  // namespace
+
+double median_time_us(const Launcher& launcher, int repetitions, Stream stream) {
+  cudaStream_t cuda_stream = as_cuda_stream(stream);
+  const size_t copies = size_t(launcher.copies);
+  if (launcher.graph_calls <= 0) {
+    return median_event_time_us([&](size_t i) { launcher.run(int(i % copies), stream); },
+                                copies, repetitions, cuda_stream);
+  }
+  cudaGraphExec_t executable = capture_calls(launcher, stream);
+  const double replay_us = median_event_time_us(
+      [&](size_t) { check_cuda(cudaGraphLaunch(executable, cuda_stream), kOp, "cudaGraphLaunch"); },
+      1, repetitions, cuda_stream);
+  cudaGraphExecDestroy(executable);
+  return replay_us / launcher.graph_calls;
+}
+
 int rotation_copies(double bytes_per_copy) {
   int device = 0, l2_bytes = 0;
   check_cuda(cudaGetDevice(&device), kOp, "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), kOp,
              "cudaDeviceGetAttribute");
-  const int copies = int(std::ceil(kL2Multiple * l2_bytes / std::max(bytes_per_copy, 1.0)));
-  return std::clamp(copies, 2, kMaxCopies);
+  const double bytes = std::max(bytes_per_copy, 1.0);
+  const int copies = std::clamp(int(std::ceil(kL2Multiple * l2_bytes / bytes)), 2, kMaxCopies);
+  const int affordable = int(std::min(kMaxRotationBytes / bytes, double(kMaxCopies)));
+  return std::max(1, std::min(copies, affordable));
 }
 
 }  // namespace openmla::bench

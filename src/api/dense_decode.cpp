@@ -6,6 +6,10 @@
 #include "plan/decode_plan.h"
 #include "reference/reference.h"
 
+#if OPENMLA_WITH_CUDA
+#include "kernels/sm90/dense_decode/dense_decode.h"
+#endif
+
 namespace openmla {
 
 namespace {
@@ -127,8 +131,10 @@ DenseDecodeParams validate(const ArgumentChecker& check, const DenseDecodeParams
 
 size_t dense_decode_workspace_size(const DenseDecodeParams& params) {
   if (params.q.rank != 4) return 0;
+  const DenseDecodePlan plan = plan_dense_decode(params.q.size(0), params.q.size(1),
+                                                 params.q.size(2), planning_sm_count());
   return decode_split_workspace_bytes(params.q.size(0), params.q.size(1), params.q.size(2),
-                                      kLatentDim);
+                                      kLatentDim, plan.splits);
 }
 
 void dense_decode(const DenseDecodeParams& given) {
@@ -136,7 +142,7 @@ void dense_decode(const DenseDecodeParams& given) {
   DenseDecodeParams params = validate(check, given);
   run_where_arguments_live(
       check, params.q.device, [&] { reference::dense_decode(params); },
-      [&] { check.not_implemented("no CUDA kernel for dense_decode yet (the Hopper kernel is issue 3)"); });
+      [&] { OPENMLA_IF_CUDA(kernels::sm90::dense_decode(params)); });
 }
 
 }  // namespace openmla

@@ -117,8 +117,10 @@ SparseDecodeParams validate(const ArgumentChecker& check, const SparseDecodePara
 
 size_t sparse_decode_workspace_size(const SparseDecodeParams& params) {
   if (params.q.rank != 4) return 0;
+  const DenseDecodePlan plan = plan_dense_decode(params.q.size(0), params.q.size(1),
+                                                 params.q.size(2), planning_sm_count());
   return decode_split_workspace_bytes(params.q.size(0), params.q.size(1), params.q.size(2),
-                                      kLatentDim);
+                                      kLatentDim, plan.splits);
 }
 
 void sparse_decode(const SparseDecodeParams& given) {

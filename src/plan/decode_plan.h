@@ -1,6 +1,7 @@
 // Split-KV planning for the decode ops. The plan depends on shapes only (batch, query tokens,
-// heads), never on seq_lens values, so the workspace a caller allocates once stays valid for
-// every later call of the same shape and for CUDA-graph replays.
+// heads) and the device's SM count, never on seq_lens values, so the workspace a caller
+// allocates once stays valid for every later call of the same shape and for CUDA-graph
+// replays: the per-request split boundaries are derived on the device from seq_lens.
 #pragma once
 
 #include <cstddef>
@@ -8,13 +9,30 @@
 
 namespace openmla {
 
-// Upper bound on how many KV splits one (request, query-token-group) is cut into. The split
-// kernels write a partial output and LSE per split, merged by a combine step.
+// Upper bound on how many KV splits one (request, row tile) is cut into. The split kernels
+// write a partial output and LSE per split, merged by a combine step.
 constexpr int64_t kMaxDecodeSplits = 64;
 
-// Bytes of scratch for split-KV decode: per (request, token, head, split) a partial output of
-// `value_dim` floats and one LSE float, plus per-request split counters.
+// Query rows (Sq tokens x Hq heads of one request, folded into the tensor-core M dimension,
+// TokenSpeed's fold_sq_factor idea) handled by one CTA of the dense decode kernel.
+constexpr int64_t kDecodeRowsPerTile = 64;
+
+struct DenseDecodePlan {
+  int64_t row_tiles = 1;  // ceil(Sq * Hq / kDecodeRowsPerTile) CTAs per (request, split)
+  int64_t splits = 1;     // KV splits per request; 1 = no combine step
+};
+
+// Enough CTAs to fill the GPU about twice (sm_count * 2), capped at kMaxDecodeSplits.
+DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t heads,
+                                  int sm_count);
+
+// Multiprocessors of the current CUDA device; 132 (an H100 / H200) where there is none, so
+// that a CPU-only build answers the workspace query the same way for the same shapes.
+int planning_sm_count();
+
+// Bytes of scratch for split-KV decode with `splits` splits: per (split, request, token, head)
+// a partial output of `value_dim` floats and one LSE float; 0 when splits == 1 (no combine).
 size_t decode_split_workspace_bytes(int64_t batch, int64_t query_tokens, int64_t heads,
-                                    int64_t value_dim);
+                                    int64_t value_dim, int64_t splits);
 
 }  // namespace openmla

@@ -1,6 +1,7 @@
 // Bad input to the four attention ops: each class of mistake is rejected with an
 // InvalidArgument error naming the argument, before anything is written (the poisoned output
-// stays poisoned). CUDA-device arguments answer NotImplemented while no GPU kernel exists.
+// stays poisoned). CUDA-device arguments answer NotImplemented while no GPU kernel exists
+// (or in a build without CUDA).
 #include <algorithm>
 #include <functional>
 #include <vector>
@@ -435,10 +436,106 @@ TEST(AttentionBadInput, WorkspaceTooSmall) {
   EXPECT_NO_THROW(decode.run());
 }
 
+// ---- dense decode: what the Hopper kernel supports (issue 3) --------------------------------
+// Each out-of-range argument gets its own correctly sized memory, so that only the validation,
+// never an out-of-bounds read, can stop the call.
+
+TEST(AttentionBadInput, DenseDecodeQueryTokensOrHeadsOutOfRange) {
+  for (auto shape : {std::vector<int64_t>{2, 0, 2, 576}, std::vector<int64_t>{2, 9, 2, 576},
+                     std::vector<int64_t>{2, 1, 0, 576}, std::vector<int64_t>{2, 1, 129, 576}}) {
+    HostTensor q = random_tensor(DType::kBFloat16, {shape[0], shape[1], shape[2], shape[3]});
+    HostTensor out(DType::kBFloat16, {shape[0], shape[1], shape[2], 512});
+    HostTensor lse(DType::kFloat32, {shape[0], shape[1], shape[2]});
+    expect_rejected<DenseDecodeArgs>(
+        [&](auto& a) {
+          poison(out);
+          poison(lse);
+          a.params.q = q.view(), a.params.out = out.view(), a.params.lse = lse.view();
+        },
+        "q");
+    EXPECT_TRUE(all_bytes_are(out, 0xff) && all_bytes_are(lse, 0xff));
+  }
+}
+
+TEST(AttentionBadInput, DenseDecodeHeadDimsNot576And512) {
+  HostTensor q_640 = random_tensor(DType::kBFloat16, {2, 1, 2, 640});
+  HostTensor cache_512 = random_tensor(DType::kBFloat16, {3, 16, 512});
+  HostTensor cache_640 = random_tensor(DType::kBFloat16, {3, 16, 1, 640});
+  expect_rejected<DenseDecodeArgs>([&](auto& a) { a.params.q = q_640.view(); }, "q");
+  expect_rejected<DenseDecodeArgs>([&](auto& a) { a.params.kv_cache = cache_512.view(); },
+                                   "kv_cache");
+  expect_rejected<DenseDecodeArgs>([&](auto& a) { a.params.kv_cache = cache_640.view(); },
+                                   "kv_cache");
+  // The values are the first 512 key dims: out's last dim must be 512, not 576 or 256.
+  HostTensor out_576(DType::kBFloat16, {2, 1, 2, 576});
+  expect_rejected<DenseDecodeArgs>([&](auto& a) { a.params.out = out_576.view(); }, "out");
+  expect_rejected<DenseDecodeArgs>(
+      [](auto& a) { a.params.out = reshaped(a.params.out, {2, 1, 2, 256}); }, "out");
+}
+
+TEST(AttentionBadInput, DenseDecodePageSizeNotSupported) {
+  // 8 and 512 are powers of two outside 16..256; 48 lies inside but is not a power of two.
+  for (int64_t page_size : {8, 48, 512}) {
+    SCOPED_TRACE("page size " + std::to_string(page_size));
+    const int64_t pages = (3 * 16 + page_size - 1) / page_size + 1;
+    HostTensor cache = random_tensor(DType::kBFloat16, {pages, page_size, 576});
+    expect_rejected<DenseDecodeArgs>([&](auto& a) { a.params.kv_cache = cache.view(); },
+                                     "kv_cache");
+  }
+}
+
+TEST(AttentionBadInput, DenseDecodeWorkspaceOneByteShort) {
+  const size_t needed = dense_decode_workspace_size(DenseDecodeArgs().params);
+  ASSERT_GT(needed, 1u);
+  HostTensor short_workspace(DType::kUInt8, {int64_t(needed) - 1});
+  expect_rejected<DenseDecodeArgs>([&](auto& a) { a.params.workspace = short_workspace.view(); },
+                                   "workspace");
+  HostTensor enough(DType::kUInt8, {int64_t(needed)});
+  DenseDecodeArgs args;
+  args.params.workspace = enough.view();
+  EXPECT_NO_THROW(args.run());
+}
+
+TEST(AttentionBadInput, DenseDecodeFp8WithoutAScale) {
+  HostTensor fp8_cache = random_tensor(DType::kFloat8E4M3, {3, 16, 576});
+  HostTensor fp8_q = random_tensor(DType::kFloat8E4M3, {2, 1, 2, 576});
+  // An fp8 cache needs a positive finite kv_scale (the default 1 is one; 0, < 0, NaN, inf not).
+  for (float scale : {0.0f, -0.5f, NAN, INFINITY}) {
+    SCOPED_TRACE("scale " + std::to_string(scale));
+    expect_rejected<DenseDecodeArgs>(
+        [&](auto& a) {
+          a.params.kv_cache = fp8_cache.view();
+          a.params.kv_scale = scale;
+        },
+        "kv_scale");
+    expect_rejected<DenseDecodeArgs>(
+        [&](auto& a) {
+          a.params.q = fp8_q.view(), a.params.kv_cache = fp8_cache.view();
+          a.params.q_descale = scale;
+        },
+        "q_descale");
+  }
+  // Scales of dtypes that are not fp8 are ignored: a bf16 call with kv_scale 0 runs.
+  DenseDecodeArgs bf16;
+  bf16.params.kv_scale = 0, bf16.params.q_descale = 0;
+  EXPECT_NO_THROW(bf16.run());
+}
+
+TEST(AttentionBadInput, DenseDecodeDtypePairingsNotSupported) {
+  HostTensor fp16_q = random_tensor(DType::kFloat16, {2, 1, 2, 576});
+  HostTensor fp16_cache = random_tensor(DType::kFloat16, {3, 16, 576});
+  HostTensor fp8_q = random_tensor(DType::kFloat8E4M3, {2, 1, 2, 576});
+  expect_rejected<DenseDecodeArgs>([&](auto& a) { a.params.q = fp16_q.view(); }, "kv_cache");
+  expect_rejected<DenseDecodeArgs>([&](auto& a) { a.params.kv_cache = fp16_cache.view(); },
+                                   "kv_cache");
+  expect_rejected<DenseDecodeArgs>([&](auto& a) { a.params.q = fp8_q.view(); }, "kv_cache");
+}
+
 // ---- CUDA arguments without a kernel --------------------------------------------------------
 // Every argument claims cuda:0. No GPU kernel of these ops exists yet and nothing reads the
 // memory, so a CPU-only build and a CUDA build alike must answer NotImplemented (never a
-// hidden copy to the CPU). When an op gets its kernel, its GPU tests replace its case here.
+// hidden copy to the CPU). When an op gets its kernel, its GPU tests replace its case here,
+// which stays for builds without CUDA only (dense decode so far).
 
 template <typename Args>
 void expect_not_implemented_on_cuda(const std::function<void(Args&)>& move_to_cuda) {
@@ -462,7 +559,11 @@ TEST(AttentionBadInput, DensePrefillOnCudaIsNotImplemented) {
   });
 }
 
-TEST(AttentionBadInput, DenseDecodeOnCudaIsNotImplemented) {
+#if !OPENMLA_WITH_CUDA
+// Dense decode has a Hopper kernel (tests/cpp/dense_decode_gpu_test.cpp covers it); only a
+// build without CUDA still answers NotImplemented. (With CUDA this host memory marked cuda:0
+// would be launched on.)
+TEST(AttentionBadInput, DenseDecodeOnCudaWithoutCudaBuildIsNotImplemented) {
   HostTensor workspace(DType::kUInt8,
                        {int64_t(dense_decode_workspace_size(DenseDecodeArgs().params))});
   expect_not_implemented_on_cuda<DenseDecodeArgs>([&](auto& a) {
@@ -474,6 +575,7 @@ TEST(AttentionBadInput, DenseDecodeOnCudaIsNotImplemented) {
     }
   });
 }
+#endif
 
 TEST(AttentionBadInput, SparsePrefillOnCudaIsNotImplemented) {
   expect_not_implemented_on_cuda<SparsePrefillArgs>([](auto& a) {

@@ -197,11 +197,26 @@ struct DeviceTensor {
     view_.data = pointer;
     view_.device = Device{DeviceType::kCUDA, 0};
   }
+  // A device tensor of `shape` with every byte `fill` (0xff: poison), never staged through
+  // host memory (for large scratch buffers).
+  DeviceTensor(DType dtype, std::initializer_list<int64_t> shape, uint8_t fill) {
+    view_ = TensorView::contiguous(nullptr, dtype, shape, Device{DeviceType::kCUDA, 0});
+    byte_count = size_t(view_.numel()) * dtype_size(dtype) + 1;  // +1: never a null pointer
+    EXPECT_EQ(cudaMalloc(&pointer, byte_count), cudaSuccess);
+    EXPECT_EQ(cudaMemset(pointer, fill, byte_count), cudaSuccess);
+    view_.data = pointer;
+  }
   ~DeviceTensor() { cudaFree(pointer); }
   DeviceTensor(const DeviceTensor&) = delete;
   DeviceTensor& operator=(const DeviceTensor&) = delete;
 
   const TensorView& view() const { return view_; }
+  // Overwrites the device bytes with `host`'s (same size), e.g. new inputs for a graph replay.
+  void copy_from(const HostTensor& host) const {
+    ASSERT_EQ(host.bytes.size(), byte_count);
+    EXPECT_EQ(cudaMemcpy(pointer, host.bytes.data(), byte_count, cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
   // `host_view` (a view into `host`'s bytes, e.g. strided_view) moved onto this device copy.
   TensorView relocate(const HostTensor& host, TensorView host_view) const {
     host_view.data = static_cast<uint8_t*>(pointer) +

@@ -1,0 +1,75 @@
+// Dense MLA decode, combine step: merges the per-split partial outputs of each query row.
+//
+// What: for row (b, m), with split LSEs l_i (base 2) and outputs O_i (fp32, each normalised
+// over its own keys): L = log2(sum_i 2^l_i), out = sum_i 2^(l_i - L) O_i, written as bf16 with
+// the LSE in the requested base. Splits with l_i = -inf (no keys) are never read; a row whose
+// splits are all empty gets output 0 and LSE -inf.
+// Tiling: one 128-thread block per row; each thread owns 4 of the 512 value columns (one
+// 16-byte load per split), the split weights are computed redundantly by every thread from
+// the (L1-broadcast) LSEs, which costs far less than the row's loads.
+// Limits: splits <= kMaxDecodeSplits; value dim 512.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "openmla/numerics.h"
+
+namespace openmla::kernels::sm90 {
+
+constexpr int kCombineThreads = kLatentDim / 4;
+
+struct CombineArgs {
+  const float* partial_out;  // [split][batch][rows][512]
+  const float* partial_lse;  // [split][batch][rows], base 2
+  int splits, batch, rows, heads;
+  uint16_t* out;
+  int64_t out_batch, out_token, out_head;
+  float* lse;  // null when not requested
+  int64_t lse_batch, lse_token, lse_head;
+  bool lse_base2;
+};
+
+__global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(CombineArgs args) {
+  const int batch_index = blockIdx.x / args.rows, m = blockIdx.x % args.rows;
+  const int64_t split_stride = int64_t(args.batch) * args.rows;
+  const int64_t row = int64_t(batch_index) * args.rows + m;
+  float max_lse = -INFINITY;
+  for (int split = 0; split < args.splits; ++split) {
+    max_lse = fmaxf(max_lse, args.partial_lse[split * split_stride + row]);
+  }
+  float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float weight_sum = 0.0f;
+  if (max_lse != -INFINITY) {
+    for (int split = 0; split < args.splits; ++split) {
+      const float split_lse = args.partial_lse[split * split_stride + row];
+      if (split_lse == -INFINITY) continue;
+      const float weight = exp2f(split_lse - max_lse);
+      const float4 part =
+          reinterpret_cast<const float4*>(args.partial_out + (split * split_stride + row) * kLatentDim)[threadIdx.x];
+      sum.x += weight * part.x;
+      sum.y += weight * part.y;
+      sum.z += weight * part.z;
+      sum.w += weight * part.w;
+      weight_sum += weight;
+    }
+  }
+  const float inverse = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
+  const int token = m / args.heads, head = m % args.heads;
+  uint16_t* out = args.out + batch_index * args.out_batch + token * args.out_token + head * args.out_head;
+  __nv_bfloat162 low = __floats2bfloat162_rn(sum.x * inverse, sum.y * inverse);
+  __nv_bfloat162 high = __floats2bfloat162_rn(sum.z * inverse, sum.w * inverse);
+  uint2 packed;
+  packed.x = *reinterpret_cast<uint32_t*>(&low);
+  packed.y = *reinterpret_cast<uint32_t*>(&high);
+  *reinterpret_cast<uint2*>(out + 4 * threadIdx.x) = packed;
+  if (args.lse != nullptr && threadIdx.x == 0) {
+    const float lse2 = weight_sum > 0.0f ? max_lse + log2f(weight_sum) : -INFINITY;
+    args.lse[batch_index * args.lse_batch + token * args.lse_token + head * args.lse_head] =
+        args.lse_base2 ? lse2 : lse2 * 0.6931471805599453f;
+  }
+}
+
+}  // namespace openmla::kernels::sm90

@@ -1,0 +1,147 @@
+// Dense MLA decode on Hopper: the launcher. Picks the kernel (narrow for <= 16 query rows, else
+// 64-row tiles) and the instantiation for the dtypes, plans the
+// split-KV grid from shapes alone (plan/decode_plan.h), launches the split kernel and, when
+// the plan has several splits, the combine kernel. Nothing here reads device memory or
+// synchronises, so a call captures into a CUDA graph and replays with new seq_lens and block
+// tables. Kernels: split_kernel.cuh and narrow_kernel.cuh (attention per split),
+// combine_kernel.cuh (the merge).
+#include "kernels/sm90/dense_decode/dense_decode.h"
+
+#include <cmath>
+#include <string>
+
+#include "kernels/cuda_check.h"
+#include "kernels/sm90/dense_decode/combine_kernel.cuh"
+#include "kernels/sm90/dense_decode/narrow_kernel.cuh"
+#include "kernels/sm90/dense_decode/split_kernel.cuh"
+#include "plan/decode_plan.h"
+
+namespace openmla::kernels::sm90 {
+
+namespace {
+
+constexpr const char* kOp = "dense_decode";
+constexpr int kStages = 4;        // 64-row kernel: 3 tiles (110 KB) in flight per SM
+constexpr int kNarrowStages = 4;  // narrow kernel
+
+// cp.async and the vector loads need 16-byte-aligned rows; the output's vector stores 8-byte.
+void require_alignment(const char* argument, const TensorView& view, int bytes) {
+  const size_t element = dtype_size(view.dtype);
+  bool aligned = reinterpret_cast<uintptr_t>(view.data) % bytes == 0;
+  for (int dim = 0; dim + 1 < view.rank; ++dim) aligned = aligned && (view.stride(dim) * element) % bytes == 0;
+  if (!aligned) {
+    throw Error(ErrorKind::kInvalidArgument, kOp, argument,
+                "expected " + std::to_string(bytes) +
+                    "-byte aligned rows (base pointer and every stride but the last) on CUDA");
+  }
+}
+
+template <bool kHalf, bool kFp8Q, bool kFp8Cache>
+void launch_split(const SplitArgs& args, dim3 grid, cudaStream_t stream) {
+  // <= 16 rows: the narrow kernel shares each tile among all warps (narrow_kernel.cuh).
+  const bool narrow = args.rows <= kNarrowRows;
+  const int bytes = narrow ? narrow_shared_bytes<kFp8Cache, kNarrowStages>() : shared_bytes<kFp8Cache, kStages>();
+  auto kernel = narrow ? dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache, kNarrowStages>
+                       : dense_decode_split_kernel<kHalf, kFp8Q, kFp8Cache, kStages>;
+  // Not a stream operation: allowed during graph capture, and cheap enough to repeat.
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), kOp,
+             "cudaFuncSetAttribute");
+  kernel<<<grid, kThreads, bytes, stream>>>(args);
+  check_launch(kOp);
+}
+
+}  // namespace
+
+void dense_decode(const DenseDecodeParams& params) {
+  const TensorView& q = params.q;
+  const TensorView& cache = params.kv_cache;
+  require_alignment("q", q, 16);
+  require_alignment("kv_cache", cache, 16);
+  require_alignment("out", params.out, 8);
+  if (q.size(0) > 65535) {
+    throw Error(ErrorKind::kInvalidArgument, kOp, "q", "expected a batch of at most 65535 on CUDA (grid z)");
+  }
+
+  const int batch = int(q.size(0)), query_tokens = int(q.size(1)), heads = int(q.size(2));
+  const DenseDecodePlan plan = plan_dense_decode(batch, query_tokens, heads, planning_sm_count());
+  const bool fp8_cache = cache.dtype == DType::kFloat8E4M3;
+  const bool fp8_q = q.dtype == DType::kFloat8E4M3;
+  const bool half = q.dtype == DType::kFloat16;
+
+  SplitArgs args{};
+  args.q = q.ptr<const uint8_t>();
+  args.q_batch = q.stride(0);
+  args.q_token = q.stride(1);
+  args.q_head = q.stride(2);
+  args.cache = cache.ptr<const uint8_t>();
+  args.cache_page_bytes = cache.stride(0) * int64_t(dtype_size(cache.dtype));
+  args.cache_token_bytes = cache.stride(1) * int64_t(dtype_size(cache.dtype));
+  args.block_table = params.block_table.ptr<const int32_t>();
+  args.block_table_row = params.block_table.stride(0);
+  args.seq_lens = params.seq_lens.ptr<const int32_t>();
+  args.seq_lens_stride = params.seq_lens.stride(0);
+  int shift = 0;
+  while ((int64_t(1) << shift) < cache.size(1)) ++shift;
+  args.page_shift = shift;
+  args.query_tokens = query_tokens;
+  args.heads = heads;
+  args.rows = query_tokens * heads;
+  args.splits = int(plan.splits);
+  args.causal = params.causal;
+  const float q_scale = fp8_q ? params.q_descale : 1.0f;
+  const float kv_scale = fp8_cache ? params.kv_scale : 1.0f;
+  args.logit_scale_log2 = params.softmax_scale * q_scale * kv_scale * kLog2e;
+  args.value_scale = kv_scale;
+  args.out = params.out.ptr<uint16_t>();
+  args.out_batch = params.out.stride(0);
+  args.out_token = params.out.stride(1);
+  args.out_head = params.out.stride(2);
+  if (params.lse.present()) {
+    args.lse = params.lse.ptr<float>();
+    args.lse_batch = params.lse.stride(0);
+    args.lse_token = params.lse.stride(1);
+    args.lse_head = params.lse.stride(2);
+  }
+  args.lse_base2 = params.lse_base == LseBase::kBase2;
+  float* workspace = params.workspace.ptr<float>();
+  const int64_t split_rows = plan.splits * int64_t(batch) * args.rows;
+  args.partial_out = workspace;
+  args.partial_lse = workspace + split_rows * kLatentDim;
+  args.batch = batch;
+  if (batch == 0) return;
+
+  const dim3 grid(unsigned(plan.row_tiles), unsigned(plan.splits), unsigned(batch));
+  const cudaStream_t stream = as_cuda_stream(params.stream);
+  if (half) {
+    launch_split<true, false, false>(args, grid, stream);
+  } else if (fp8_q) {
+    launch_split<false, true, true>(args, grid, stream);
+  } else if (fp8_cache) {
+    launch_split<false, false, true>(args, grid, stream);
+  } else {
+    launch_split<false, false, false>(args, grid, stream);
+  }
+
+  if (plan.splits > 1) {
+    CombineArgs combine{};
+    combine.partial_out = args.partial_out;
+    combine.partial_lse = args.partial_lse;
+    combine.splits = args.splits;
+    combine.batch = batch;
+    combine.rows = args.rows;
+    combine.heads = heads;
+    combine.out = args.out;
+    combine.out_batch = args.out_batch;
+    combine.out_token = args.out_token;
+    combine.out_head = args.out_head;
+    combine.lse = args.lse;
+    combine.lse_batch = args.lse_batch;
+    combine.lse_token = args.lse_token;
+    combine.lse_head = args.lse_head;
+    combine.lse_base2 = args.lse_base2;
+    dense_decode_combine_kernel<<<unsigned(int64_t(batch) * args.rows), kCombineThreads, 0, stream>>>(combine);
+    check_launch(kOp);
+  }
+}
+
+}  // namespace openmla::kernels::sm90

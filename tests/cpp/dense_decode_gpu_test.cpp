@@ -1,0 +1,588 @@
+// Dense MLA decode on the GPU against the CPU reference: openmla::dense_decode on device
+// copies of the inputs vs. the same call on host tensors (float64 accumulation, checked
+// against brute force in attention_reference_test.cpp).
+//
+// Every input is hostile to a kernel that reads what it should not: fresh random values, NaN in
+// every cache slot no request uses (spare pages, and slots past seq_len in a last page),
+// 2147480000 in block-table entries past each request's pages, pages in a random order,
+// zero-length requests and (with causal, Sq > 1) requests shorter than Sq, whose first query
+// tokens see no key at all. Outputs and the workspace start as NaN.
+//
+// The shapes form a covering design over B {1, 2, 6, 64}, Sq {1, 2, 4, 8}, Lk {20, 140, 4096},
+// Hq {1, 3, 9, 16, 63, 64, 126, 128}, varlen, causal, page size {16..256} and the four dtype
+// pairings: every value occurs, each dtype meets causal and not, long and short sequences, and
+// large Lk comes only with small B * Hq (the float64 reference is the cost). "Small/" cases
+// are cheap enough for compute-sanitizer; "Covering/" holds the rest.
+//
+// Tolerances (on the whole output, relative Frobenius; per row looser, to catch one bad row):
+//   q bf16 / fp16 (cache bf16, fp16 or fp8): out 1e-2, row 3e-2; LSE |a - e| <= 1e-3 (1 + |e|).
+//   q fp8 + cache fp8: out 4e-2, row 8e-2; LSE 5e-3 (1 + |e|). A kernel that runs P V on fp8
+//   tensor cores rounds the probabilities to e4m3 (3 mantissa bits): simulated on these inputs
+//   that alone gives 1.4-1.8% on the whole output and up to 3.2% on one row.
+// A row that attends nothing must be exactly 0 with LSE -inf.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "test_support.h"
+
+namespace openmla::testing {
+namespace {
+
+constexpr int32_t kGarbagePage = 2147480000;  // block-table padding: must never be followed
+constexpr int64_t kDim = 576, kValueDim = 512;
+
+struct DecodeCase {
+  int64_t batch, query_tokens, heads, max_length, page_size;
+  bool varlen, causal;
+  DType q_dtype = DType::kBFloat16, kv_dtype = DType::kBFloat16;
+  LseBase lse_base = LseBase::kNatural;
+  bool strided_q = false;            // q inside a larger NaN buffer, batch and token dims swapped
+  bool with_lse = true;
+  bool cache_with_head_dim = false;  // [pages, page_size, 1, 576]
+  float softmax_scale = 0.1f;        // logits' spread ~1.6 with the value ranges below
+};
+
+int64_t uniform_int(std::mt19937_64& rng, int64_t low, int64_t high) {
+  return std::uniform_int_distribution<int64_t>(low, high)(rng);
+}
+
+// Without varlen every request has max_length keys. With it, requests cycle through: the
+// longest (max_length; a random length when alone), empty, shorter than Sq (causal leaves the
+// first query tokens nothing; 1 key when Sq = 1), and a random length.
+std::vector<int32_t> sequence_lengths(const DecodeCase& c, std::mt19937_64& rng) {
+  std::vector<int32_t> lengths(size_t(c.batch), int32_t(c.max_length));
+  if (!c.varlen) return lengths;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    int64_t length = 0;
+    switch (b % 4) {
+      case 0: length = c.batch == 1 ? uniform_int(rng, 1, c.max_length) : c.max_length; break;
+      case 1: length = 0; break;
+      case 2: length = uniform_int(rng, 1, std::max<int64_t>(1, c.query_tokens - 1)); break;
+      case 3: length = uniform_int(rng, 1, c.max_length); break;
+    }
+    lengths[size_t(b)] = int32_t(std::min(length, c.max_length));
+  }
+  return lengths;
+}
+
+// Host inputs of one call; params holds host views of them (out, lse, workspace absent).
+struct DecodeInputs {
+  std::vector<int32_t> lengths;
+  int64_t query_tokens = 0, heads = 0;
+  bool causal = false, with_lse = true;
+  HostTensor q_buffer;  // q itself, or the NaN buffer a strided q view lives in
+  HostTensor cache, block_table, seq_lens;
+  DenseDecodeParams params;
+};
+
+// table_width / page_count 0: just enough, plus two garbage table entries per request and
+// three spare pages. A CUDA-graph replay passes fixed values so that every buffer keeps its size.
+DecodeInputs make_inputs(const DecodeCase& c, const std::vector<int32_t>& lengths,
+                         std::mt19937_64& rng, int64_t table_width = 0, int64_t page_count = 0) {
+  const int64_t batch = int64_t(lengths.size()), page_size = c.page_size;
+  const bool fp8_q = c.q_dtype == DType::kFloat8E4M3, fp8_kv = c.kv_dtype == DType::kFloat8E4M3;
+  const float q_descale = 0.02f, kv_scale = 0.05f;  // real q in [-2, 2], real keys in [-1, 1]
+  auto pages_of = [&](int32_t length) { return (int64_t(length) + page_size - 1) / page_size; };
+  int64_t used_pages = 0, longest = 0;
+  for (int32_t length : lengths) {
+    used_pages += pages_of(length);
+    longest = std::max(longest, pages_of(length));
+  }
+  if (table_width == 0) table_width = longest + 2;
+  if (page_count == 0) page_count = used_pages + 3;
+  EXPECT_LE(longest, table_width);
+  EXPECT_LE(used_pages, page_count);
+
+  DecodeInputs inputs;
+  inputs.lengths = lengths;
+  inputs.query_tokens = c.query_tokens;
+  inputs.heads = c.heads;
+  inputs.causal = c.causal;
+  inputs.with_lse = c.with_lse;
+
+  std::vector<int32_t> page_order(static_cast<size_t>(page_count));
+  std::iota(page_order.begin(), page_order.end(), 0);
+  std::shuffle(page_order.begin(), page_order.end(), rng);
+  inputs.block_table = HostTensor(DType::kInt32, {batch, table_width});
+  std::fill_n(inputs.block_table.data<int32_t>(), batch * table_width, kGarbagePage);
+  inputs.cache = HostTensor(c.kv_dtype, {page_count, page_size, kDim});
+  poison(inputs.cache);
+  std::uniform_real_distribution<double> key_value(fp8_kv ? -1 / kv_scale : -1,
+                                                   fp8_kv ? 1 / kv_scale : 1);
+  size_t next_page = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < lengths[size_t(b)]; ++t) {
+      if (t % page_size == 0) {
+        inputs.block_table.data<int32_t>()[b * table_width + t / page_size] =
+            page_order[next_page++];
+      }
+      const int64_t page = inputs.block_table.data<int32_t>()[b * table_width + t / page_size];
+      const int64_t slot = page * page_size + t % page_size;
+      for (int64_t d = 0; d < kDim; ++d) inputs.cache.set(slot * kDim + d, key_value(rng));
+    }
+  }
+  inputs.seq_lens = HostTensor(DType::kInt32, {batch});
+  std::copy(lengths.begin(), lengths.end(), inputs.seq_lens.data<int32_t>());
+
+  const int64_t tokens = c.query_tokens, heads = c.heads;
+  std::uniform_real_distribution<double> query_value(fp8_q ? -2 / q_descale : -2,
+                                                     fp8_q ? 2 / q_descale : 2);
+  TensorView q;
+  if (c.strided_q) {
+    // [Sq, B, Hq + 1, 600] NaN buffer, viewed as [B, Sq, Hq, 576]: every stride but the last
+    // differs from the packed layout, rows stay 16-byte aligned (1200 or 600 bytes apart).
+    const int64_t row = 600, head_stride = row, batch_stride = (heads + 1) * row;
+    inputs.q_buffer = HostTensor(c.q_dtype, {tokens, batch, heads + 1, row});
+    poison(inputs.q_buffer);
+    q = strided_view(inputs.q_buffer, {batch, tokens, heads, kDim},
+                     {batch_stride, batch * batch_stride, head_stride, 1});
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t s = 0; s < tokens; ++s)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t d = 0; d < kDim; ++d)
+            inputs.q_buffer.set(b * q.strides[0] + s * q.strides[1] + h * q.strides[2] + d,
+                                query_value(rng));
+  } else {
+    inputs.q_buffer = HostTensor(c.q_dtype, {batch, tokens, heads, kDim});
+    for (int64_t i = 0; i < inputs.q_buffer.numel(); ++i) inputs.q_buffer.set(i, query_value(rng));
+    q = inputs.q_buffer.view();
+  }
+
+  DenseDecodeParams& params = inputs.params;
+  params.q = q;
+  params.kv_cache = inputs.cache.view();
+  if (c.cache_with_head_dim) {
+    params.kv_cache = TensorView::contiguous(inputs.cache.bytes.data(), c.kv_dtype,
+                                             {page_count, page_size, 1, kDim});
+  }
+  params.block_table = inputs.block_table.view();
+  params.seq_lens = inputs.seq_lens.view();
+  params.softmax_scale = c.softmax_scale;
+  params.causal = c.causal;
+  params.q_descale = fp8_q ? q_descale : 1.0f;
+  params.kv_scale = fp8_kv ? kv_scale : 1.0f;
+  params.lse_base = c.lse_base;
+  return inputs;
+}
+
+int64_t row_count(const DecodeInputs& inputs) {
+  return int64_t(inputs.lengths.size()) * inputs.query_tokens * inputs.heads;
+}
+
+// Rows (b, s, h in output order) that see no key: empty requests, and with causal the query
+// tokens of a request shorter than Sq that come before its first key.
+std::vector<bool> rows_attending_nothing(const DecodeInputs& inputs) {
+  std::vector<bool> empty;
+  for (int32_t length : inputs.lengths) {
+    for (int64_t s = 0; s < inputs.query_tokens; ++s) {
+      const int64_t visible = inputs.causal ? length - inputs.query_tokens + s + 1 : length;
+      empty.insert(empty.end(), size_t(inputs.heads), visible <= 0);
+    }
+  }
+  return empty;
+}
+
+std::string row_name(const DecodeInputs& inputs, int64_t row) {
+  return "row (b " + std::to_string(row / (inputs.query_tokens * inputs.heads)) + ", s " +
+         std::to_string(row / inputs.heads % inputs.query_tokens) + ", h " +
+         std::to_string(row % inputs.heads) + ")";
+}
+
+struct DecodeResult {
+  HostTensor out, lse;  // lse is poison when the call had none
+};
+
+DecodeResult poisoned_result(const DecodeInputs& inputs) {
+  const int64_t batch = int64_t(inputs.lengths.size());
+  const int64_t tokens = inputs.query_tokens, heads = inputs.heads;
+  DecodeResult result{HostTensor(DType::kBFloat16, {batch, tokens, heads, kValueDim}),
+                      HostTensor(DType::kFloat32, {batch, tokens, heads})};
+  poison(result.out);
+  poison(result.lse);
+  return result;
+}
+
+DecodeResult run_reference(const DecodeInputs& inputs) {
+  DecodeResult result = poisoned_result(inputs);
+  DenseDecodeParams params = inputs.params;
+  params.out = result.out.view();
+  if (inputs.with_lse) params.lse = result.lse.view();
+  dense_decode(params);
+  return result;
+}
+
+struct Tolerance {
+  double out, out_row, lse;
+};
+constexpr Tolerance kHalfPrecision{1e-2, 3e-2, 1e-3};
+constexpr Tolerance kFp8Query{4e-2, 8e-2, 5e-3};
+
+// Keeps the largest error; a NaN, once seen, stays.
+void keep_worst(double& worst, int64_t& worst_row, double error, int64_t row) {
+  if (std::isnan(worst)) return;
+  if (std::isnan(error) || error > worst) worst = error, worst_row = row;
+}
+
+struct Comparison {
+  double out_error = 0;        // relative Frobenius over the whole output (NaN if any NaN)
+  double worst_row_error = 0;  // the largest relative Frobenius error of one row
+  double worst_lse_error = 0;  // the largest |a - e| / (1 + |e|)
+  int64_t worst_row = -1, worst_lse_row = -1;
+  int64_t attending_rows = 0;
+  std::string problem;  // the first row breaking the empty-row rule (0 and -inf), if any
+};
+
+Comparison compare(const DecodeInputs& inputs, const DecodeResult& actual,
+                   const DecodeResult& expected) {
+  Comparison comparison;
+  const std::vector<double> out = to_doubles(actual.out), want = to_doubles(expected.out);
+  const std::vector<double> lse = to_doubles(actual.lse), want_lse = to_doubles(expected.lse);
+  const std::vector<bool> empty = rows_attending_nothing(inputs);
+  comparison.out_error = relative_error(out, want);
+  auto report = [&](int64_t row, const std::string& what) {
+    if (comparison.problem.empty()) comparison.problem = row_name(inputs, row) + ": " + what;
+  };
+  for (int64_t row = 0; row < row_count(inputs); ++row) {
+    const auto begin = size_t(row * kValueDim), end = begin + size_t(kValueDim);
+    if (empty[size_t(row)]) {
+      for (size_t i = begin; i < end; ++i) {
+        if (out[i] != 0.0) report(row, "attends nothing, out = " + std::to_string(out[i]));
+      }
+      if (inputs.with_lse && !(std::isinf(lse[size_t(row)]) && lse[size_t(row)] < 0)) {
+        report(row, "attends nothing, LSE = " + std::to_string(lse[size_t(row)]));
+      }
+      if (inputs.with_lse && !std::isinf(want_lse[size_t(row)])) {
+        report(row, "the reference attends something where the test expects nothing");
+      }
+      continue;
+    }
+    ++comparison.attending_rows;
+    const std::vector<double> got(out.begin() + begin, out.begin() + end),
+        expected_row(want.begin() + begin, want.begin() + end);
+    keep_worst(comparison.worst_row_error, comparison.worst_row, relative_error(got, expected_row),
+               row);
+    if (inputs.with_lse) {
+      const double a = lse[size_t(row)], e = want_lse[size_t(row)];
+      const double error = std::isfinite(a) && std::isfinite(e)
+                               ? std::fabs(a - e) / (1 + std::fabs(e))
+                               : std::numeric_limits<double>::quiet_NaN();
+      keep_worst(comparison.worst_lse_error, comparison.worst_lse_row, error, row);
+    }
+  }
+  return comparison;
+}
+
+HostTensor copy_of(const HostTensor& tensor) {
+  HostTensor copy(tensor.view().dtype, {tensor.numel()});
+  copy.bytes = tensor.bytes;
+  copy.view_ = tensor.view();
+  copy.view_.data = copy.bytes.data();
+  return copy;
+}
+
+// The harness itself, on the CPU: the inputs break every rule a kernel could lean on, and the
+// comparison catches a slightly wrong row, a non-zero empty row and a NaN LSE.
+TEST(DenseDecodeHarness, InputsAreHostileAndComparisonCatchesErrors) {
+  auto rng = make_rng();
+  DecodeCase c{6, 4, 3, 40, 16, /*varlen=*/true, /*causal=*/true};
+  c.strided_q = true;
+  const std::vector<int32_t> lengths = sequence_lengths(c, rng);
+  DecodeInputs inputs = make_inputs(c, lengths, rng);
+  EXPECT_EQ(lengths[0], 40);
+  EXPECT_EQ(lengths[1], 0);
+  EXPECT_LT(lengths[2], c.query_tokens);
+
+  // NaN exactly in the slots no request uses; garbage exactly past each request's pages.
+  const int64_t width = inputs.block_table.view().size(1);
+  std::vector<bool> used(size_t(inputs.cache.view().size(0) * c.page_size), false);
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int64_t pages = (lengths[size_t(b)] + c.page_size - 1) / c.page_size;
+    for (int64_t p = 0; p < width; ++p) {
+      const int32_t page = inputs.block_table.data<int32_t>()[b * width + p];
+      if (p >= pages) {
+        EXPECT_EQ(page, kGarbagePage);
+        continue;
+      }
+      const int64_t end = std::min<int64_t>(lengths[size_t(b)], (p + 1) * c.page_size);
+      for (int64_t t = p * c.page_size; t < end; ++t) {
+        EXPECT_FALSE(used[size_t(page * c.page_size + t % c.page_size)]) << "slot shared";
+        used[size_t(page * c.page_size + t % c.page_size)] = true;
+      }
+    }
+  }
+  for (size_t slot = 0; slot < used.size(); ++slot) {
+    EXPECT_EQ(std::isnan(inputs.cache.get(int64_t(slot) * kDim)), !used[slot]) << "slot " << slot;
+  }
+  EXPECT_TRUE(std::isnan(inputs.q_buffer.get(kDim)));  // padding after the first q row
+
+  const DecodeResult reference = run_reference(inputs);
+  const Comparison same = compare(inputs, reference, reference);
+  EXPECT_TRUE(same.problem.empty()) << same.problem;
+  EXPECT_EQ(same.out_error, 0);
+  EXPECT_EQ(same.worst_lse_error, 0);
+  EXPECT_GT(same.attending_rows, 0);
+  EXPECT_LT(same.attending_rows, row_count(inputs));  // empty rows exist too
+
+  // Row 0 attends 40 keys: 5% off, then one NaN; row (b 1, ...) is empty: a tiny value.
+  DecodeResult wrong{copy_of(reference.out), copy_of(reference.lse)};
+  for (int64_t d = 0; d < kValueDim; ++d) wrong.out.set(d, reference.out.get(d) * 1.05);
+  EXPECT_GT(compare(inputs, wrong, reference).worst_row_error, kHalfPrecision.out_row);
+  wrong.out.set(7, NAN);
+  EXPECT_TRUE(std::isnan(compare(inputs, wrong, reference).out_error));
+  const int64_t empty_row = c.query_tokens * c.heads;
+  DecodeResult nonzero{copy_of(reference.out), copy_of(reference.lse)};
+  nonzero.out.set(empty_row * kValueDim + 3, 1e-6);
+  EXPECT_FALSE(compare(inputs, nonzero, reference).problem.empty());
+  DecodeResult nan_lse{copy_of(reference.out), copy_of(reference.lse)};
+  nan_lse.lse.set(1, NAN);
+  EXPECT_TRUE(std::isnan(compare(inputs, nan_lse, reference).worst_lse_error));
+}
+
+#if OPENMLA_WITH_CUDA
+
+std::string case_name(const DecodeCase& c) {
+  auto dtype = [](DType t) {
+    return t == DType::kBFloat16 ? "bf16" : t == DType::kFloat16 ? "fp16" : "fp8";
+  };
+  std::ostringstream name;
+  name << "B" << c.batch << "_Sq" << c.query_tokens << "_Hq" << c.heads << "_Lk" << c.max_length
+       << (c.varlen ? "_varlen" : "") << (c.causal ? "_causal" : "") << "_page" << c.page_size
+       << "_q" << dtype(c.q_dtype) << "_kv" << dtype(c.kv_dtype)
+       << (c.lse_base == LseBase::kBase2 ? "_lse2" : "") << (c.strided_q ? "_stridedq" : "")
+       << (c.with_lse ? "" : "_nolse") << (c.cache_with_head_dim ? "_cache4d" : "")
+       << (c.softmax_scale > 1 ? "_sharp" : "");
+  return name.str();
+}
+
+// Test names and failure messages show the case, e.g. B64_Sq2_Hq128_Lk140_varlen_causal_...
+void PrintTo(const DecodeCase& c, std::ostream* stream) { *stream << case_name(c); }
+
+Tolerance tolerance_for(const DecodeCase& c) {
+  return c.q_dtype == DType::kFloat8E4M3 ? kFp8Query : kHalfPrecision;
+}
+
+void expect_close(const DecodeInputs& inputs, const DecodeResult& actual,
+                  const DecodeResult& expected, const Tolerance& tolerance) {
+  const Comparison c = compare(inputs, actual, expected);
+  EXPECT_TRUE(c.problem.empty()) << c.problem;
+  EXPECT_LE(c.out_error, tolerance.out) << "whole output";  // NaN fails
+  EXPECT_LE(c.worst_row_error, tolerance.out_row)
+      << "worst " << (c.worst_row >= 0 ? row_name(inputs, c.worst_row) : "row");
+  if (inputs.with_lse) {
+    EXPECT_LE(c.worst_lse_error, tolerance.lse)
+        << "worst LSE at " << (c.worst_lse_row >= 0 ? row_name(inputs, c.worst_lse_row) : "?");
+  }
+}
+
+// The device copies of one call's inputs and outputs; params are ready to launch.
+struct DeviceCall {
+  DeviceTensor q, cache, block_table, seq_lens, out, lse;
+  std::unique_ptr<DeviceTensor> workspace;
+  DenseDecodeParams params;
+
+  DeviceCall(const DecodeInputs& inputs, const DecodeResult& poisoned, Stream stream = nullptr)
+      : q(inputs.q_buffer), cache(inputs.cache), block_table(inputs.block_table),
+        seq_lens(inputs.seq_lens), out(poisoned.out), lse(poisoned.lse) {
+    params = inputs.params;
+    params.q = q.relocate(inputs.q_buffer, inputs.params.q);
+    params.kv_cache = cache.relocate(inputs.cache, inputs.params.kv_cache);
+    params.block_table = block_table.view();
+    params.seq_lens = seq_lens.view();
+    params.out = out.view();
+    if (inputs.with_lse) params.lse = lse.view();
+    params.stream = stream;
+    // 0 bytes where the plan needs no split (no combine step); a buffer is given all the same.
+    const size_t workspace_bytes = dense_decode_workspace_size(params);
+    const std::initializer_list<int64_t> workspace_shape{int64_t(workspace_bytes)};
+    workspace = std::make_unique<DeviceTensor>(DType::kUInt8, workspace_shape, uint8_t(0xff));
+    params.workspace = workspace->view();
+  }
+
+  DecodeResult result(const DecodeInputs& inputs) const {
+    DecodeResult result = poisoned_result(inputs);
+    out.copy_to(result.out);  // synchronises the device first
+    lse.copy_to(result.lse);
+    return result;
+  }
+};
+
+DecodeResult run_gpu(const DecodeInputs& inputs) {
+  DeviceCall call(inputs, poisoned_result(inputs));
+  dense_decode(call.params);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  return call.result(inputs);
+}
+
+class DenseDecodeGpu : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(DenseDecodeGpu, MatchesReference) {
+  OPENMLA_REQUIRE_GPU();
+  const DecodeCase& c = GetParam();
+  auto rng = make_rng();
+  const DecodeInputs inputs = make_inputs(c, sequence_lengths(c, rng), rng);
+  const DecodeResult expected = run_reference(inputs);
+  const DecodeResult actual = run_gpu(inputs);
+  expect_close(inputs, actual, expected, tolerance_for(c));
+  EXPECT_GT(compare(inputs, expected, expected).attending_rows, 0) << "a case that tests nothing";
+}
+
+constexpr DType kBf16 = DType::kBFloat16, kFp16 = DType::kFloat16, kFp8 = DType::kFloat8E4M3;
+
+DecodeCase with(DecodeCase c, void (*change)(DecodeCase&)) {
+  change(c);
+  return c;
+}
+
+// {B, Sq, Hq, Lk, page size, varlen, causal[, q dtype, cache dtype]}, then any extras.
+const DecodeCase kSmallCases[] = {
+    {1, 1, 1, 20, 16, false, false},
+    {2, 2, 3, 140, 128, true, true},
+    with({6, 4, 9, 140, 16, true, true}, [](DecodeCase& c) { c.lse_base = LseBase::kBase2; }),
+    {2, 8, 16, 20, 32, false, true, kFp16, kFp16},
+    {6, 1, 63, 140, 256, true, false, kBf16, kFp8},
+    {2, 2, 64, 140, 64, true, true, kFp8, kFp8},
+    with({1, 4, 128, 20, 16, false, false}, [](DecodeCase& c) { c.strided_q = true; }),
+    with({6, 2, 126, 20, 32, true, true}, [](DecodeCase& c) { c.cache_with_head_dim = true; }),
+};
+
+const DecodeCase kCoveringCases[] = {
+    // bf16 / bf16: one long sequence over the whole GPU (D5), small batches (D4), compute-bound
+    // head counts (D1, D3), large batches (D2); long sequences meet every Sq and page size.
+    // softmax_scale 2 makes logits reach ~100: exp overflows float without the running max.
+    {1, 1, 16, 4096, 64, false, false},
+    {2, 1, 16, 4096, 256, true, false},
+    {6, 1, 1, 4096, 32, true, true},
+    {1, 2, 128, 4096, 128, false, true},
+    {1, 8, 3, 4096, 16, false, true},
+    with({2, 4, 16, 4096, 128, true, true}, [](DecodeCase& c) { c.softmax_scale = 2.0f; }),
+    {64, 1, 16, 140, 64, true, false},
+    with({64, 2, 128, 140, 16, true, true}, [](DecodeCase& c) { c.strided_q = true; }),
+    with({64, 1, 128, 20, 256, false, false}, [](DecodeCase& c) { c.with_lse = false; }),
+    {64, 8, 9, 140, 128, true, true},
+    {64, 4, 63, 20, 16, false, true},
+    {64, 8, 128, 140, 64, true, false},
+    {2, 8, 126, 140, 32, false, true},
+    {6, 4, 64, 140, 256, true, false},
+    // fp16 / fp16
+    {6, 1, 128, 140, 32, true, true, kFp16, kFp16},
+    {1, 2, 64, 4096, 256, false, false, kFp16, kFp16},
+    {64, 4, 3, 140, 16, true, false, kFp16, kFp16},
+    // bf16 q, fp8 cache (kv_scale 0.05)
+    {1, 1, 128, 4096, 64, false, false, kBf16, kFp8},
+    with({64, 1, 16, 140, 128, true, true, kBf16, kFp8},
+         [](DecodeCase& c) { c.cache_with_head_dim = true; }),
+    {2, 8, 9, 4096, 16, true, true, kBf16, kFp8},
+    {6, 4, 126, 20, 256, false, true, kBf16, kFp8},
+    // fp8 q (q_descale 0.02), fp8 cache
+    {1, 1, 128, 4096, 64, false, false, kFp8, kFp8},
+    {64, 2, 64, 140, 32, true, true, kFp8, kFp8},
+    {6, 8, 16, 140, 128, false, true, kFp8, kFp8},
+    with({2, 1, 3, 20, 16, true, false, kFp8, kFp8},
+         [](DecodeCase& c) { c.lse_base = LseBase::kBase2; }),
+};
+
+std::string param_name(const ::testing::TestParamInfo<DecodeCase>& info) {
+  return case_name(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Small, DenseDecodeGpu, ::testing::ValuesIn(kSmallCases), param_name);
+INSTANTIATE_TEST_SUITE_P(Covering, DenseDecodeGpu, ::testing::ValuesIn(kCoveringCases), param_name);
+
+TEST(DenseDecodeGpuEdges, AllRequestsEmpty) {
+  OPENMLA_REQUIRE_GPU();
+  auto rng = make_rng();
+  const DecodeCase c{3, 2, 16, 0, 64, false, true};
+  const DecodeInputs inputs = make_inputs(c, {0, 0, 0}, rng);
+  const DecodeResult actual = run_gpu(inputs);
+  const Comparison comparison = compare(inputs, actual, run_reference(inputs));
+  EXPECT_EQ(comparison.attending_rows, 0);
+  EXPECT_TRUE(comparison.problem.empty()) << comparison.problem;
+}
+
+// A CUDA call must bring the workspace that dense_decode_workspace_size asks for; the API
+// refuses before launching, leaving the outputs untouched.
+TEST(DenseDecodeGpuEdges, RejectsMissingOrShortWorkspace) {
+  OPENMLA_REQUIRE_GPU();
+  auto rng = make_rng();
+  const DecodeCase c{2, 1, 16, 140, 64, true, false};
+  const DecodeInputs inputs = make_inputs(c, sequence_lengths(c, rng), rng);
+  DeviceCall call(inputs, poisoned_result(inputs));
+  const size_t needed = dense_decode_workspace_size(call.params);
+  ASSERT_GT(needed, 1u) << "2 requests of 16 heads should be split across the GPU";
+  DeviceTensor short_workspace(DType::kUInt8, {int64_t(needed) - 1}, 0xff);
+  DenseDecodeParams params = call.params;
+  params.workspace = {};
+  expect_invalid_argument([&] { dense_decode(params); }, "workspace");
+  params.workspace = short_workspace.view();
+  expect_invalid_argument([&] { dense_decode(params); }, "workspace");
+  const DecodeResult untouched = call.result(inputs);
+  auto all_poison = [](const HostTensor& tensor) {
+    return std::all_of(tensor.bytes.begin(), tensor.bytes.end(),
+                       [](uint8_t byte) { return byte == 0xff; });
+  };
+  EXPECT_TRUE(all_poison(untouched.out) && all_poison(untouched.lse));
+}
+
+// One call captured in a CUDA graph (no warm-up call of its own; global capture mode, as torch
+// uses), then replayed after new seq_lens, block tables, cache pages and queries were copied
+// into the same device buffers: each replay must follow the new values, including a longest
+// request that moves and lengths that change how much of the split plan is used.
+TEST(DenseDecodeGpuGraph, ReplayFollowsNewLengthsAndBlockTables) {
+  OPENMLA_REQUIRE_GPU();
+  auto rng = make_rng();
+  const DecodeCase c{3, 2, 16, 640, 64, true, true};
+  const int64_t table_width = 10, page_count = 3 * 10 + 2;  // room for any lengths <= 640
+  const std::vector<std::vector<int32_t>> length_sets{{100, 0, 640}, {640, 1, 0}, {17, 639, 64}};
+
+  const DecodeInputs captured = make_inputs(c, length_sets[0], rng, table_width, page_count);
+  const DecodeResult poisoned = poisoned_result(captured);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);  // blocking: ordered after cudaMemcpy
+  DeviceCall call(captured, poisoned, stream);
+
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  bool launched = true;
+  try {
+    dense_decode(call.params);
+  } catch (const Error& error) {
+    launched = false;
+    ADD_FAILURE() << "dense_decode during capture: " << error.what();
+  }
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "capture invalidated";
+  ASSERT_TRUE(launched);
+  cudaGraphExec_t replay = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&replay, graph, 0), cudaSuccess);
+
+  for (const std::vector<int32_t>& lengths : length_sets) {
+    SCOPED_TRACE("seq_lens " + std::to_string(lengths[0]) + ", " + std::to_string(lengths[1]) +
+                 ", " + std::to_string(lengths[2]));
+    const DecodeInputs inputs = make_inputs(c, lengths, rng, table_width, page_count);
+    call.q.copy_from(inputs.q_buffer);
+    call.cache.copy_from(inputs.cache);
+    call.block_table.copy_from(inputs.block_table);
+    call.seq_lens.copy_from(inputs.seq_lens);
+    call.out.copy_from(poisoned.out);
+    call.lse.copy_from(poisoned.lse);
+    ASSERT_EQ(cudaMemset(call.workspace->pointer, 0xff, call.workspace->byte_count), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(replay, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    expect_close(inputs, call.result(inputs), run_reference(inputs), kHalfPrecision);
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(replay), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+#endif  // OPENMLA_WITH_CUDA
+
+}  // namespace
+}  // namespace openmla::testing

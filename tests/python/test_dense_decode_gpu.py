@@ -1,0 +1,209 @@
+# openmla.mla_decode on CUDA against an independent float32 torch reference computed on the GPU
+# (the pages gathered through the block table, a masked softmax), for shapes too large for the
+# C++ suite's float64 CPU reference: a large batch with many heads and long sequences, one
+# 32K-token sequence, more requests than SMs, FP8 caches; and CUDA-graph capture + replay with
+# new seq_lens and block tables. Inputs follow the C++ suite's rules: NaN in every unused cache
+# slot, garbage past each request's pages in the block table, pages in random order, empty
+# requests and (causal) requests shorter than Sq, outputs poisoned before the call.
+#
+# Tolerances: relative Frobenius on the whole output, 3x that on any one row; LSE
+# |a - e| <= t + t |e|. q bf16: 1e-2, LSE 1e-3. q fp8 (cache fp8): 4e-2, LSE 5e-3, because P V on
+# fp8 tensor cores rounds the probabilities to e4m3 (3 mantissa bits).
+import math
+
+import pytest
+import torch
+
+import openmla
+from mla_math import FP8, assert_close_lse, paged_layout, poisoned, relative_error
+
+pytestmark = pytest.mark.gpu
+
+SOFTMAX_SCALE = 0.1  # logits spread ~1.6 with q in [-2, 2] and keys in [-1, 1]
+Q_DESCALE, KV_SCALE = 0.02, 0.05  # fp8: stored q in [-100, 100], stored keys in [-20, 20]
+
+
+@pytest.fixture(autouse=True)
+def exact_float32_matmul():
+    """The reference's einsums in true float32, never TF32."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _pages_of(length, page_size):
+    return -(-length // page_size)
+
+
+def _decode_inputs(seq_lens, query_tokens, heads, page_size, q_dtype, kv_dtype, generator,
+                   table_width=None, num_pages=None, cache_with_head_dim=False):
+    """CUDA q, kv_cache, block_table, seq_lens. The cache is NaN except the slots of each
+    request's tokens; table_width / num_pages default to just enough plus garbage entries and
+    spare pages (a graph replay passes fixed ones, so that every buffer keeps its shape)."""
+    batch = len(seq_lens)
+    table_width = table_width or max(_pages_of(n, page_size) for n in seq_lens) + 2
+    num_pages = num_pages or sum(_pages_of(n, page_size) for n in seq_lens) + 3
+    block_table, _ = paged_layout(seq_lens, page_size, table_width, num_pages, generator)
+    cuda_generator = torch.Generator(device="cuda").manual_seed(
+        int(torch.randint(0, 2**62, (1,), generator=generator)))
+
+    lengths = torch.tensor(seq_lens, dtype=torch.int64)
+    request = torch.repeat_interleave(torch.arange(batch), lengths)
+    position = torch.cat([torch.arange(n) for n in seq_lens])
+    slots = (block_table[request, position // page_size].long() * page_size
+             + position % page_size).cuda()
+    keys = torch.rand((len(slots), 576), generator=cuda_generator, device="cuda") * 2 - 1
+    cache = poisoned((num_pages, page_size, 576), kv_dtype, device="cuda")
+    if kv_dtype == FP8:  # through bytes: index_put has no float8 kernel
+        cache.view(torch.uint8).view(-1, 576)[slots] = (keys / KV_SCALE).to(FP8).view(torch.uint8)
+    else:
+        cache.view(-1, 576)[slots] = keys.to(kv_dtype)
+    if cache_with_head_dim:
+        cache = cache.view(num_pages, page_size, 1, 576)
+
+    q = torch.rand((batch, query_tokens, heads, 576), generator=cuda_generator, device="cuda")
+    q = q * 4 - 2
+    q = (q / Q_DESCALE).to(FP8) if q_dtype == FP8 else q.to(q_dtype)
+    return q, cache, block_table.cuda(), torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+
+
+def _reference(q, kv_cache, block_table, seq_lens, causal):
+    """float32 attention on the GPU from the contract: gather each request's keys through the
+    block table (entries past its pages replaced before use), mask, softmax. Returns out
+    [B, Sq, Hq, 512] and natural-log LSE [B, Sq, Hq] (-inf where nothing is visible)."""
+    batch, query_tokens = q.shape[:2]
+    page_size = kv_cache.shape[1]
+    slots_flat = kv_cache.reshape(-1, 576)
+    lengths = seq_lens.long()
+    longest = max(int(lengths.max()), 1)
+    t = torch.arange(longest, device=q.device)
+    in_range = t[None, :] < lengths[:, None]  # [B, T]
+    pages = block_table.long()[:, t // page_size]
+    slots = torch.where(in_range, pages, 0) * page_size + t % page_size
+    if kv_cache.dtype == FP8:
+        keys = slots_flat.view(torch.uint8)[slots].view(FP8).float() * KV_SCALE
+    else:
+        keys = slots_flat[slots].float()
+    keys = torch.where(in_range[..., None], keys, 0.0)  # no NaN of unused slots can leak in
+    queries = q.float() * (Q_DESCALE if q.dtype == FP8 else 1.0)
+
+    logits = torch.einsum("bshd,btd->bsht", queries, keys) * SOFTMAX_SCALE
+    visible = in_range[:, None, :].expand(-1, query_tokens, -1)  # [B, Sq, T]
+    if causal:  # bottom-right: token s sees keys 0 .. len - Sq + s
+        s = torch.arange(query_tokens, device=q.device)
+        last = lengths[:, None] - query_tokens + s[None, :]
+        visible = visible & (t[None, None, :] <= last[:, :, None])
+    logits = logits.masked_fill(~visible[:, :, None, :], -math.inf)
+    lse = torch.logsumexp(logits, dim=-1)
+    probabilities = torch.exp(logits - lse[..., None]).nan_to_num(0.0)  # empty rows: 0
+    out = torch.einsum("bsht,btd->bshd", probabilities, keys[..., :512])
+    return out, lse
+
+
+def _check(out, lse, expected_out, expected_lse, q_dtype, base2=False):
+    tolerance, lse_tolerance = (4e-2, 5e-3) if q_dtype == FP8 else (1e-2, 1e-3)
+    empty = torch.isneginf(expected_lse)
+    assert not empty.all(), "every row is empty: the case tests nothing"
+    assert torch.equal(out[empty].float(), torch.zeros_like(out[empty], dtype=torch.float32)), \
+        "a row that attends nothing must output 0"
+    error = relative_error(out.float(), expected_out)
+    assert error < tolerance, f"relative error {error}"  # NaN fails
+    difference = (out.float() - expected_out).norm(dim=-1)[~empty]
+    row_errors = difference / expected_out.norm(dim=-1)[~empty]
+    worst = row_errors.max().item()
+    assert worst < 3 * tolerance, f"worst row relative error {worst}"
+    if lse is not None:
+        assert_close_lse(lse, expected_lse.double(), base2=base2, tolerance=lse_tolerance)
+
+
+def _lengths(batch, longest, varlen, query_tokens, generator):
+    """All `longest`; with varlen random in [0, longest] with the longest, an empty request and
+    one shorter than Sq (causal leaves its first tokens nothing) among them."""
+    if not varlen:
+        return [longest] * batch
+    lengths = torch.randint(0, longest + 1, (batch,), generator=generator).tolist()
+    lengths[0], lengths[1] = longest, 0
+    if batch > 2:
+        lengths[2] = max(1, query_tokens - 1)
+    return lengths
+
+
+@pytest.mark.parametrize(
+    "batch,query_tokens,heads,longest,varlen,causal,page_size,q_dtype,kv_dtype,four_d,base2", [
+        pytest.param(64, 2, 128, 4096, True, True, 64, torch.bfloat16, torch.bfloat16, False,
+                     False, id="B64-Sq2-Hq128-Lk4096-varlen-causal-page64"),
+        pytest.param(2, 1, 16, 32768, False, False, 64, torch.bfloat16, torch.bfloat16, True,
+                     False, id="B2-Sq1-Hq16-Lk32768-page64-cache4d"),
+        pytest.param(264, 1, 16, 1024, True, False, 32, torch.bfloat16, torch.bfloat16, False,
+                     False, id="B264-Sq1-Hq16-Lk1024-varlen-page32"),
+        pytest.param(16, 4, 64, 4096, True, True, 256, torch.bfloat16, FP8, False, True,
+                     id="B16-Sq4-Hq64-Lk4096-varlen-causal-page256-fp8cache-lse2"),
+        pytest.param(1, 1, 16, 32768, False, False, 16, torch.bfloat16, FP8, False, False,
+                     id="B1-Sq1-Hq16-Lk32768-page16-fp8cache"),
+        pytest.param(8, 2, 128, 8192, True, True, 128, FP8, FP8, False, False,
+                     id="B8-Sq2-Hq128-Lk8192-varlen-causal-page128-fp8q-fp8cache"),
+    ])
+def test_mla_decode_gpu_matches_float32_reference(generator, batch, query_tokens, heads,
+                                                  longest, varlen, causal, page_size, q_dtype,
+                                                  kv_dtype, four_d, base2):
+    seq_lens = _lengths(batch, longest, varlen, query_tokens, generator)
+    q, cache, block_table, lengths = _decode_inputs(seq_lens, query_tokens, heads, page_size,
+                                                    q_dtype, kv_dtype, generator,
+                                                    cache_with_head_dim=four_d)
+    out = poisoned((batch, query_tokens, heads, 512), torch.bfloat16, device="cuda")
+    workspace = torch.full((openmla.get_mla_decode_workspace_size(q, cache, block_table, lengths),),
+                           0xFF, dtype=torch.uint8, device="cuda")
+
+    result, lse = openmla.mla_decode(q, cache, block_table, lengths, SOFTMAX_SCALE, causal=causal,
+                                     q_descale=Q_DESCALE, kv_scale=KV_SCALE, return_lse=True,
+                                     lse_base2=base2, workspace=workspace, out=out)
+    torch.cuda.synchronize()
+
+    assert result is out
+    expected_out, expected_lse = _reference(q, cache, block_table, lengths, causal)
+    _check(out, lse, expected_out, expected_lse, q_dtype, base2)
+
+
+def test_mla_decode_cuda_graph_replay_follows_new_seq_lens(generator):
+    """One captured call replayed after new lengths, block tables, pages and queries were
+    copied into the captured buffers: each replay must compute the new attention."""
+    query_tokens, heads, page_size, table_width = 2, 16, 64, 16  # up to 1024 keys per request
+    length_sets = [[100, 0, 1024, 5], [1024, 1, 0, 333], [17, 700, 64, 1023]]
+    num_pages = len(length_sets[0]) * table_width + 2
+
+    def inputs(seq_lens):
+        return _decode_inputs(seq_lens, query_tokens, heads, page_size, torch.bfloat16,
+                              torch.bfloat16, generator, table_width, num_pages)
+
+    q, cache, block_table, seq_lens = inputs(length_sets[0])
+    out = poisoned((*q.shape[:-1], 512), torch.bfloat16, device="cuda")
+    workspace = torch.empty(openmla.get_mla_decode_workspace_size(q, cache, block_table, seq_lens),
+                            dtype=torch.uint8, device="cuda")
+
+    def call():
+        return openmla.mla_decode(q, cache, block_table, seq_lens, SOFTMAX_SCALE, causal=True,
+                                  return_lse=True, workspace=workspace, out=out)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside capture, as torch recommends
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = call()
+
+    for lengths in length_sets:
+        new_q, new_cache, new_table, new_lengths = inputs(lengths)
+        q.copy_(new_q)
+        cache.copy_(new_cache)  # byte copy: NaN slots stay NaN
+        block_table.copy_(new_table)
+        seq_lens.copy_(new_lengths)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        workspace.fill_(0xFF)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected_out, expected_lse = _reference(q, cache, block_table, seq_lens, causal=True)
+        _check(out, lse, expected_out, expected_lse, torch.bfloat16)
