@@ -11,7 +11,8 @@ namespace openmla {
 
 // Upper bound on how many KV splits one (request, row tile) is cut into. The split kernels
 // write a partial output and LSE per split, merged by a combine step.
-constexpr int64_t kMaxDecodeSplits = 64;
+// 128 lets a single long request (D5: B 1, 32K keys) spread over all 132 SMs of an H100/H200.
+constexpr int64_t kMaxDecodeSplits = 128;
 
 // Query rows (Sq tokens x Hq heads of one request, folded into the tensor-core M dimension,
 // TokenSpeed's fold_sq_factor idea) handled by one CTA of the dense decode kernel.

@@ -6,7 +6,8 @@
 // splits are all empty gets output 0 and LSE -inf.
 // Tiling: one 128-thread block per row; each thread owns 4 of the 512 value columns (one
 // 16-byte load per split), the split weights are computed redundantly by every thread from
-// the (L1-broadcast) LSEs, which costs far less than the row's loads.
+// the (L1-broadcast) LSEs, which costs far less than the row's loads. Splits are read in
+// batches of 8 with all loads in flight together.
 // Limits: splits <= kMaxDecodeSplits; value dim 512.
 #pragma once
 
@@ -32,28 +33,49 @@ struct CombineArgs {
   bool lse_base2;
 };
 
+// Splits are read kSplitBatch at a time, all loads of a batch issued before any is used: with
+// one row per block and up to kMaxDecodeSplits splits, a loop that waits on each load in turn
+// was bound by memory latency (tens of microseconds for one request).
+constexpr int kSplitBatch = 8;
+
 __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(CombineArgs args) {
   const int batch_index = blockIdx.x / args.rows, m = blockIdx.x % args.rows;
   const int64_t split_stride = int64_t(args.batch) * args.rows;
   const int64_t row = int64_t(batch_index) * args.rows + m;
   float max_lse = -INFINITY;
-  for (int split = 0; split < args.splits; ++split) {
-    max_lse = fmaxf(max_lse, args.partial_lse[split * split_stride + row]);
+  for (int first = 0; first < args.splits; first += kSplitBatch) {
+    float lses[kSplitBatch];
+#pragma unroll
+    for (int i = 0; i < kSplitBatch; ++i) {
+      lses[i] = first + i < args.splits ? args.partial_lse[(first + i) * split_stride + row] : -INFINITY;
+    }
+#pragma unroll
+    for (int i = 0; i < kSplitBatch; ++i) max_lse = fmaxf(max_lse, lses[i]);
   }
   float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float weight_sum = 0.0f;
   if (max_lse != -INFINITY) {
-    for (int split = 0; split < args.splits; ++split) {
-      const float split_lse = args.partial_lse[split * split_stride + row];
-      if (split_lse == -INFINITY) continue;
-      const float weight = exp2f(split_lse - max_lse);
-      const float4 part =
-          reinterpret_cast<const float4*>(args.partial_out + (split * split_stride + row) * kLatentDim)[threadIdx.x];
-      sum.x += weight * part.x;
-      sum.y += weight * part.y;
-      sum.z += weight * part.z;
-      sum.w += weight * part.w;
-      weight_sum += weight;
+    for (int first = 0; first < args.splits; first += kSplitBatch) {
+      float weights[kSplitBatch];
+      float4 parts[kSplitBatch];
+#pragma unroll
+      for (int i = 0; i < kSplitBatch; ++i) {
+        const float split_lse =
+            first + i < args.splits ? args.partial_lse[(first + i) * split_stride + row] : -INFINITY;
+        // A split without keys has LSE -inf and an unwritten output: weight 0, never read.
+        weights[i] = split_lse == -INFINITY ? 0.0f : exp2f(split_lse - max_lse);
+        parts[i] = weights[i] > 0.0f ? reinterpret_cast<const float4*>(
+                                           args.partial_out + ((first + i) * split_stride + row) * kLatentDim)[threadIdx.x]
+                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int i = 0; i < kSplitBatch; ++i) {
+        sum.x += weights[i] * parts[i].x;
+        sum.y += weights[i] * parts[i].y;
+        sum.z += weights[i] * parts[i].z;
+        sum.w += weights[i] * parts[i].w;
+        weight_sum += weights[i];
+      }
     }
   }
   const float inverse = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;

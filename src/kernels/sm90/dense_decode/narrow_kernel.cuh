@@ -20,7 +20,6 @@ namespace openmla::kernels::sm90 {
 constexpr int kNarrowRows = 16;
 constexpr int kNarrowColumns = kLatentDim / (kThreads / 32);  // 64 value columns per warp
 constexpr int kScoreStride = kKeysPerTile + 4;                // floats
-constexpr int kProbabilityStride = kKeysPerTile + 8;           // 16-bit; 80-byte rows: no bank conflicts
 
 template <bool kFp8Cache, int kStages>
 constexpr int narrow_shared_bytes() {
@@ -50,6 +49,7 @@ __global__ void __launch_bounds__(kThreads, 1) dense_decode_narrow_kernel(SplitA
   const int rows_here = args.rows;  // <= 16: the whole request is one tile
   const KeyRange range = split_key_range(args, batch_index, split, 0, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
+  if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;
 
   load_query_tile<kHalf, kFp8Q, kNarrowRows>(args, batch_index, 0, rows_here, q_tile);
 #pragma unroll

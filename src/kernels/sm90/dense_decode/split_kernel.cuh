@@ -7,9 +7,11 @@
 // folded into the M dimension (row m = s * Hq + h), so small head counts still fill 16-row
 // tensor-core tiles when Sq > 1.
 // Tiling: 256 threads = 8 warps. Warp w owns query rows 16 (w % 4) .. +16 and value columns
-// 256 (w / 4) .. +256: both warps of a row group compute the same S (576-deep, 32 keys), each
-// keeps half of the 16 x 512 fp32 output (128 registers per thread). Warps whose 16 rows are
-// all past the tile's last row skip the math (a warp-uniform branch) but still load.
+// 256 (w / 4) .. +256 (half of the 16 x 512 fp32 output: 128 registers per thread). The two
+// warps of a row group split S by keys (16 of the tile's 32 each, 576 deep), trade row maxima
+// through shared memory so that both rescale alike, and write their halves of P there, which
+// both read back whole for O += P V (a named barrier per pair, not the whole CTA). Warps whose
+// 16 rows are all past the tile's last row skip the math (uniform per pair) but still load.
 // Pipeline: Q (64 x 576) is loaded once into shared memory; KV tiles of 32 tokens stream
 // through kStages shared-memory stages with 16-byte cp.async, page by page through the block
 // table, so tile t + kStages - 1 is in flight while tile t is computed. FP8 caches land raw and
@@ -38,6 +40,8 @@ constexpr int kKeysPerTile = 32;    // KV tokens per pipeline stage
 constexpr int kValueHalf = kLatentDim / 2;  // value columns per warp
 constexpr int kRowStride = kHeadDim + 8;    // 16-bit elements per shared row (+16 bytes: banks)
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kMinKeysPerSplit = 128;
+constexpr int kProbabilityStride = kKeysPerTile + 8;  // 16-bit P rows of 80 bytes: ldmatrix conflict-free
 
 struct SplitArgs {
   const uint8_t* q;  // element strides below are in q's own element size
@@ -75,9 +79,11 @@ template <bool kFp8Cache, int kStages>
 constexpr int shared_bytes() {
   const int q_bytes = kRowsPerTile * kRowStride * 2;
   const int tile_bytes = kKeysPerTile * kRowStride * 2;
+  // The two warps of a row group trade row maxima, P and row sums through shared memory.
+  const int exchange_bytes = 2 * kRowsPerTile * 4 + kRowsPerTile * kProbabilityStride * 2 + 2 * kRowsPerTile * 4;
   // FP8: raw stages of 32 x 576 bytes, plus one widened 16-bit tile for the math.
-  return kFp8Cache ? q_bytes + kStages * kKeysPerTile * kHeadDim + tile_bytes
-                   : q_bytes + kStages * tile_bytes;
+  return (kFp8Cache ? q_bytes + kStages * kKeysPerTile * kHeadDim + tile_bytes : q_bytes + kStages * tile_bytes) +
+         exchange_bytes;
 }
 
 // Issues the cp.async copies of KV tile `first_key .. +32` (keys >= key_end are zero-filled,
@@ -172,8 +178,11 @@ __device__ __forceinline__ KeyRange split_key_range(const SplitArgs& args, int b
   const int last_token = (first_row + rows_here - 1) / args.heads;
   const int visible_max = args.causal ? min(range.length, range.length - args.query_tokens + last_token + 1)
                                       : range.length;
+  // At least kMinKeysPerSplit keys per split: a CTA's fixed cost (Q load, pipeline fill) is
+  // worth a few tiles; short requests then leave the last splits empty (they exit at once).
   const int per_split =
-      ((range.length + args.splits - 1) / args.splits + kKeysPerTile - 1) / kKeysPerTile * kKeysPerTile;
+      (max((range.length + args.splits - 1) / args.splits, kMinKeysPerSplit) + kKeysPerTile - 1) / kKeysPerTile *
+      kKeysPerTile;
   range.begin = split * per_split;
   range.end = min(visible_max, range.begin + per_split);
   range.tiles = range.end > range.begin ? (range.end - range.begin + kKeysPerTile - 1) / kKeysPerTile : 0;
@@ -216,6 +225,21 @@ __device__ __forceinline__ void store_row_lse(const SplitArgs& args, int split, 
   }
 }
 
+// A split without keys for any row of the tile: LSE -inf and (one split) output 0 for its rows,
+// without loading anything. Returns true when the CTA is done.
+__device__ __forceinline__ bool finish_empty_split(const SplitArgs& args, const KeyRange& range, int split,
+                                                   int batch_index, int first_row, int rows_here) {
+  if (range.tiles > 0) return false;
+  for (int index = threadIdx.x; index < rows_here * (kLatentDim / 2); index += blockDim.x) {
+    const int row = index / (kLatentDim / 2), column = 2 * (index % (kLatentDim / 2));
+    store_value_pair(args, split, batch_index, first_row + row, column, 0.0f, 0.0f, true);
+  }
+  for (int row = threadIdx.x; row < rows_here; row += blockDim.x) {
+    store_row_lse(args, split, batch_index, first_row + row, -INFINITY);
+  }
+  return true;
+}
+
 template <bool kHalf, bool kFp8Q, bool kFp8Cache, int kStages>
 __global__ void __launch_bounds__(kThreads, 1) dense_decode_split_kernel(SplitArgs args) {
   extern __shared__ __align__(128) uint8_t shared[];
@@ -223,6 +247,10 @@ __global__ void __launch_bounds__(kThreads, 1) dense_decode_split_kernel(SplitAr
   uint8_t* stages = shared + kRowsPerTile * kRowStride * 2;
   constexpr int kStageBytes = kFp8Cache ? kKeysPerTile * kHeadDim : kKeysPerTile * kRowStride * 2;
   uint16_t* widened = reinterpret_cast<uint16_t*>(stages + kStages * kStageBytes);  // fp8 only
+  float* max_exchange = reinterpret_cast<float*>(stages + kStages * kStageBytes +
+                                                 (kFp8Cache ? kKeysPerTile * kRowStride * 2 : 0));  // [2][64]
+  uint16_t* probabilities = reinterpret_cast<uint16_t*>(max_exchange + 2 * kRowsPerTile);  // [64][stride]
+  float* sum_exchange = reinterpret_cast<float*>(probabilities + kRowsPerTile * kProbabilityStride);  // [2][64]
 
   const int tile_index = blockIdx.x, split = blockIdx.y, batch_index = blockIdx.z;
   const int first_row = tile_index * kRowsPerTile;
@@ -230,6 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1) dense_decode_split_kernel(SplitAr
   const KeyRange range = split_key_range(args, batch_index, split, first_row, rows_here);
   const int key_begin = range.begin, key_end = range.end, tiles = range.tiles;
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
+  if (finish_empty_split(args, range, split, batch_index, first_row, rows_here)) return;
 
   // Prologue: Q, then the first kStages - 1 KV tiles (one commit group each, empty or not).
   load_query_tile<kHalf, kFp8Q, kRowsPerTile>(args, batch_index, first_row, rows_here, q_tile);
@@ -280,59 +309,63 @@ __global__ void __launch_bounds__(kThreads, 1) dense_decode_split_kernel(SplitAr
     }
 
     if (warp_has_rows) {
-      // S = Q K^T for this warp's 16 rows and the tile's 32 keys (4 n-slices of 8).
-      float scores[4][4];
+      // S = Q K^T for this warp's 16 rows and its 16 of the tile's 32 keys (2 n-slices of 8).
+      float scores[2][4];
 #pragma unroll
-      for (int n = 0; n < 4; ++n) scores[n][0] = scores[n][1] = scores[n][2] = scores[n][3] = 0.0f;
+      for (int n = 0; n < 2; ++n) scores[n][0] = scores[n][1] = scores[n][2] = scores[n][3] = 0.0f;
 #pragma unroll 4
       for (int k = 0; k < kHeadDim / 16; ++k) {
-        uint32_t a[4];
+        uint32_t a[4], b[4];
         load_matrix_x4(a, q_tile + (row_group * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kRowStride +
                               k * 16 + (lane / 16) * 8);
-#pragma unroll
-        for (int n2 = 0; n2 < 2; ++n2) {
-          uint32_t b[4];
-          load_matrix_x4(b, keys + (n2 * 16 + (lane % 8) + (lane / 16) * 8) * kRowStride + k * 16 +
-                                ((lane / 8) % 2) * 8);
-          mma_16x8x16<kHalf>(scores[2 * n2], a, b[0], b[1]);
-          mma_16x8x16<kHalf>(scores[2 * n2 + 1], a, b[2], b[3]);
-        }
+        load_matrix_x4(b, keys + (value_half * 16 + (lane % 8) + (lane / 16) * 8) * kRowStride + k * 16 +
+                              ((lane / 8) % 2) * 8);
+        mma_16x8x16<kHalf>(scores[0], a, b[0], b[1]);
+        mma_16x8x16<kHalf>(scores[1], a, b[2], b[3]);
       }
-      // Online softmax in base 2 over the two rows this lane holds.
-      const int first_key = key_begin + tile * kKeysPerTile;
+      // Online softmax in base 2 over the two rows this lane holds; the row maximum covers the
+      // partner warp's keys too, so both warps rescale by the same factor.
+      const int barrier = 1 + row_group, first_key = key_begin + tile * kKeysPerTile + value_half * 16;
+      float tile_max[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        tile_max[half] = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& score = scores[n][2 * half + e];
+            score = first_key + n * 8 + 2 * pair + e < visible[half] ? score * args.logit_scale_log2 : -INFINITY;
+            tile_max[half] = fmaxf(tile_max[half], score);
+          }
+        }
+        tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
+        tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
+        if (pair == 0) max_exchange[value_half * kRowsPerTile + row_group * 16 + group + 8 * half] = tile_max[half];
+      }
+      sync_named(barrier, 64);
       float rescale[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float tile_max = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = first_key + n * 8 + 2 * pair + e;
-            float& score = scores[n][2 * half + e];
-            score = key < visible[half] ? score * args.logit_scale_log2 : -INFINITY;
-            tile_max = fmaxf(tile_max, score);
-          }
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float new_max = fmaxf(running_max[half], tile_max);
+        const int row = row_group * 16 + group + 8 * half;
+        const float new_max =
+            fmaxf(running_max[half], fmaxf(tile_max[half], max_exchange[(1 - value_half) * kRowsPerTile + row]));
         // A row that has seen no key yet keeps max -inf; subtracting 0 then keeps exp2 at 0.
         const float reference = new_max == -INFINITY ? 0.0f : new_max;
         rescale[half] = exp2f(running_max[half] - reference);
         running_max[half] = new_max;
         float tile_sum = 0.0f;
 #pragma unroll
-        for (int n = 0; n < 4; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& score = scores[n][2 * half + e];
-            score = exp2f(score - reference);
-            tile_sum += score;
-          }
+        for (int n = 0; n < 2; ++n) {
+          const float first = exp2f(scores[n][2 * half] - reference);
+          const float second = exp2f(scores[n][2 * half + 1] - reference);
+          tile_sum += first + second;
+          *reinterpret_cast<uint32_t*>(probabilities + row * kProbabilityStride + value_half * 16 + n * 8 +
+                                       2 * pair) = pack_two<kHalf>(first, second);
         }
-        running_sum[half] = running_sum[half] * rescale[half] + tile_sum;
+        running_sum[half] = running_sum[half] * rescale[half] + tile_sum;  // over this warp's keys
       }
+      sync_named(barrier, 64);
 #pragma unroll
       for (int n = 0; n < kValueHalf / 8; ++n) {
         output[n][0] *= rescale[0];
@@ -340,14 +373,12 @@ __global__ void __launch_bounds__(kThreads, 1) dense_decode_split_kernel(SplitAr
         output[n][2] *= rescale[1];
         output[n][3] *= rescale[1];
       }
-      // O += P V: P's C fragments become A fragments (16 keys per k step).
+      // O += P V over all 32 keys: P (both warps' halves) from shared memory, 16 keys per k step.
 #pragma unroll
       for (int k = 0; k < kKeysPerTile / 16; ++k) {
         uint32_t a[4];
-        a[0] = pack_two<kHalf>(scores[2 * k][0], scores[2 * k][1]);
-        a[1] = pack_two<kHalf>(scores[2 * k][2], scores[2 * k][3]);
-        a[2] = pack_two<kHalf>(scores[2 * k + 1][0], scores[2 * k + 1][1]);
-        a[3] = pack_two<kHalf>(scores[2 * k + 1][2], scores[2 * k + 1][3]);
+        load_matrix_x4(a, probabilities + (row_group * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kProbabilityStride +
+                              k * 16 + (lane / 16) * 8);
 #pragma unroll
         for (int n2 = 0; n2 < kValueHalf / 16; ++n2) {
           uint32_t b[4];
@@ -367,10 +398,13 @@ __global__ void __launch_bounds__(kThreads, 1) dense_decode_split_kernel(SplitAr
   for (int half = 0; half < 2; ++half) {
     running_sum[half] += __shfl_xor_sync(0xffffffffu, running_sum[half], 1);
     running_sum[half] += __shfl_xor_sync(0xffffffffu, running_sum[half], 2);
+    if (pair == 0) sum_exchange[value_half * kRowsPerTile + row_group * 16 + group + 8 * half] = running_sum[half];
   }
+  sync_named(1 + row_group, 64);  // each warp summed only its own keys: add the partner's
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row_group * 16 + group + 8 * half;
+    running_sum[half] += sum_exchange[(1 - value_half) * kRowsPerTile + row];
     if (row >= rows_here) continue;
     const int m = first_row + row;
     const bool empty = running_sum[half] == 0.0f;

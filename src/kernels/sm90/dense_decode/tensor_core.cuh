@@ -29,6 +29,11 @@ __device__ __forceinline__ void wait_async_copies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// Barrier among `thread_count` threads (whole warps) on named barrier `id` (0 is __syncthreads').
+__device__ __forceinline__ void sync_named(int id, int thread_count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(thread_count) : "memory");
+}
+
 // Four 8x8 16-bit matrices; lane i gives the address of row i % 8 of matrix i / 8.
 __device__ __forceinline__ void load_matrix_x4(uint32_t (&fragment)[4], const void* row_address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
