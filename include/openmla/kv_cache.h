@@ -74,7 +74,7 @@ void pack_kv_quantize_fp8(const PackKvQuantizeFp8Params& params);
 //   m = max(lse_a, lse_b); w_a = exp(lse_a - m); w_b = exp(lse_b - m)
 //   out = (w_a out_a + w_b out_b) / (w_a + w_b); lse = m + log(w_a + w_b)
 // A side with LSE -inf contributes nothing (its values are ignored, NaN included: it must
-// still be a readable buffer); both -inf gives 0, -inf.
+// still be a readable buffer); both -inf gives 0, -inf; a NaN LSE on either side gives NaN.
 // lse_base says the base of all three LSEs.
 struct MergeAttentionParams {
   TensorView out_a;  // [T, H, D] bf16 | fp16 | fp32

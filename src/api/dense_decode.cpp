@@ -129,13 +129,7 @@ DenseDecodeParams validate(const ArgumentChecker& check, const DenseDecodeParams
 
 }  // namespace
 
-size_t dense_decode_workspace_size(const DenseDecodeParams& params) {
-  if (params.q.rank != 4) return 0;
-  const DenseDecodePlan plan = plan_dense_decode(params.q.size(0), params.q.size(1),
-                                                 params.q.size(2), planning_sm_count());
-  return decode_split_workspace_bytes(params.q.size(0), params.q.size(1), params.q.size(2),
-                                      kLatentDim, plan.splits);
-}
+size_t dense_decode_workspace_size(const DenseDecodeParams& params) { return decode_workspace_bytes(params.q); }
 
 void dense_decode(const DenseDecodeParams& given) {
   ArgumentChecker check("dense_decode");

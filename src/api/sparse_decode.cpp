@@ -115,13 +115,7 @@ SparseDecodeParams validate(const ArgumentChecker& check, const SparseDecodePara
 
 }  // namespace
 
-size_t sparse_decode_workspace_size(const SparseDecodeParams& params) {
-  if (params.q.rank != 4) return 0;
-  const DenseDecodePlan plan = plan_dense_decode(params.q.size(0), params.q.size(1),
-                                                 params.q.size(2), planning_sm_count());
-  return decode_split_workspace_bytes(params.q.size(0), params.q.size(1), params.q.size(2),
-                                      kLatentDim, plan.splits);
-}
+size_t sparse_decode_workspace_size(const SparseDecodeParams& params) { return decode_workspace_bytes(params.q); }
 
 void sparse_decode(const SparseDecodeParams& given) {
   ArgumentChecker check("sparse_decode");

@@ -1,5 +1,7 @@
 #include "plan/decode_plan.h"
 
+#include "openmla/numerics.h"
+
 #include <algorithm>
 
 #if OPENMLA_WITH_CUDA
@@ -20,15 +22,17 @@ DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t h
   return plan;
 }
 
-int planning_sm_count() {
+int planning_sm_count(Device device) {
 #if OPENMLA_WITH_CUDA
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+  int index = device.index, count = 0;
+  if ((device.type == DeviceType::kCUDA || cudaGetDevice(&index) == cudaSuccess) &&
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, index) == cudaSuccess &&
       count > 0) {
     return count;
   }
   cudaGetLastError();  // no device: clear the error, fall back to the default below
+#else
+  (void)device;
 #endif
   return 132;
 }
@@ -40,6 +44,12 @@ size_t decode_split_workspace_bytes(int64_t batch, int64_t query_tokens, int64_t
   size_t partial_bytes = rows * size_t(value_dim + 1) * sizeof(float);
   // Round to 256 bytes so that kernels can align their views.
   return (partial_bytes + 255) / 256 * 256;
+}
+
+size_t decode_workspace_bytes(const TensorView& q) {
+  if (q.rank != 4) return 0;
+  const DenseDecodePlan plan = plan_dense_decode(q.size(0), q.size(1), q.size(2), planning_sm_count(q.device));
+  return decode_split_workspace_bytes(q.size(0), q.size(1), q.size(2), kLatentDim, plan.splits);
 }
 
 }  // namespace openmla

@@ -7,6 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "openmla/tensor.h"
+
+#include "openmla/tensor.h"
+
 namespace openmla {
 
 // Upper bound on how many KV splits one (request, row tile) is cut into. The split kernels
@@ -27,13 +31,19 @@ struct DenseDecodePlan {
 DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t heads,
                                   int sm_count);
 
-// Multiprocessors of the current CUDA device; 132 (an H100 / H200) where there is none, so
-// that a CPU-only build answers the workspace query the same way for the same shapes.
-int planning_sm_count();
+// Multiprocessors of `device` (the current CUDA device for host tensors); 132 (an H100 / H200)
+// where there is none, so that a CPU-only build answers the workspace query the same way for
+// the same shapes. The workspace check and the launch must both ask for the tensors' device:
+// the current device may differ (and have another SM count, hence more splits).
+int planning_sm_count(Device device);
 
 // Bytes of scratch for split-KV decode with `splits` splits: per (split, request, token, head)
 // a partial output of `value_dim` floats and one LSE float; 0 when splits == 1 (no combine).
 size_t decode_split_workspace_bytes(int64_t batch, int64_t query_tokens, int64_t heads,
                                     int64_t value_dim, int64_t splits);
+
+// The workspace a decode op with query q [B, Sq, Hq, D] needs: its split plan on q's device,
+// 512-wide partial outputs. 0 for a q of another rank (validation reports that).
+size_t decode_workspace_bytes(const TensorView& q);
 
 }  // namespace openmla

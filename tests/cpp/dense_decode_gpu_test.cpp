@@ -137,7 +137,8 @@ DecodeInputs make_inputs(const DecodeCase& c, const std::vector<int32_t>& length
   TensorView q;
   if (c.strided_q) {
     // [Sq, B, Hq + 1, 600] NaN buffer, viewed as [B, Sq, Hq, 576]: every stride but the last
-    // differs from the packed layout, rows stay 16-byte aligned (1200 or 600 bytes apart).
+    // differs from the packed layout; rows are 1200 bytes apart for 16-bit q (16-byte aligned)
+    // and 600 for fp8 q (8-byte aligned, what the kernel's fp8 loads need).
     const int64_t row = 600, head_stride = row, batch_stride = (heads + 1) * row;
     inputs.q_buffer = HostTensor(c.q_dtype, {tokens, batch, heads + 1, row});
     poison(inputs.q_buffer);
@@ -504,6 +505,29 @@ TEST(DenseDecodeGpuEdges, AllRequestsEmpty) {
   const Comparison comparison = compare(inputs, actual, run_reference(inputs));
   EXPECT_EQ(comparison.attending_rows, 0);
   EXPECT_TRUE(comparison.problem.empty()) << comparison.problem;
+}
+
+// A NaN query row gives a NaN output row and LSE, as in the reference, also when the keys are
+// split over many CTAs and merged (the combine must not drop the NaN and report an empty row);
+// the other heads stay finite.
+TEST(DenseDecodeGpuEdges, NanQueryRowStaysNanAcrossSplits) {
+  OPENMLA_REQUIRE_GPU();
+  auto rng = make_rng();
+  const DecodeCase c{1, 1, 16, 4096, 64, false, false};
+  DecodeInputs inputs = make_inputs(c, {4096}, rng);
+  constexpr int64_t kNanHead = 3;
+  for (int64_t d = 0; d < kDim; ++d) inputs.q_buffer.set(kNanHead * kDim + d, NAN);
+  const DecodeResult actual = run_gpu(inputs);
+  const DecodeResult expected = run_reference(inputs);
+  for (int64_t head = 0; head < c.heads; ++head) {
+    const bool nan_head = head == kNanHead;
+    EXPECT_EQ(std::isnan(expected.lse.get(head)), nan_head) << "reference, head " << head;
+    EXPECT_EQ(std::isnan(actual.lse.get(head)), nan_head) << "GPU LSE, head " << head;
+    for (int64_t d = 0; d < kValueDim; d += 37) {
+      EXPECT_EQ(std::isnan(actual.out.get(head * kValueDim + d)), nan_head)
+          << "GPU out, head " << head << " column " << d;
+    }
+  }
 }
 
 // A CUDA call must bring the workspace that dense_decode_workspace_size asks for; the API

@@ -782,3 +782,40 @@ TEST(KvCacheGpu, MergeMatchesReference) {
 
 }  // namespace
 }  // namespace openmla
+
+namespace openmla::testing {
+namespace {
+
+// A NaN LSE on either side makes the merged row NaN (it is not dropped like an empty side),
+// while a row with finite LSEs next to it is unaffected.
+TEST(KvCache, MergeNanLsePoisonsItsRow) {
+  auto rng = make_rng();
+  const int64_t tokens = 2, heads = 1, dim = 8;
+  HostTensor out_a(DType::kFloat32, {tokens, heads, dim}), out_b(DType::kFloat32, {tokens, heads, dim});
+  HostTensor lse_a(DType::kFloat32, {tokens, heads}), lse_b(DType::kFloat32, {tokens, heads});
+  HostTensor out(DType::kFloat32, {tokens, heads, dim}), lse(DType::kFloat32, {tokens, heads});
+  fill_uniform(out_a, rng);
+  fill_uniform(out_b, rng);
+  fill_uniform(lse_a, rng);
+  fill_uniform(lse_b, rng);
+  lse_b.set(0, NAN);  // row 0: NaN on side b
+  poison(out);
+  poison(lse);
+  MergeAttentionParams params;
+  params.out_a = out_a.view();
+  params.out_b = out_b.view();
+  params.lse_a = lse_a.view();
+  params.lse_b = lse_b.view();
+  params.out = out.view();
+  params.lse = lse.view();
+  merge_attention(params);
+  EXPECT_TRUE(std::isnan(lse.get(0)));
+  EXPECT_FALSE(std::isnan(lse.get(1)));
+  for (int64_t d = 0; d < dim; ++d) {
+    EXPECT_TRUE(std::isnan(out.get(d))) << d;
+    EXPECT_FALSE(std::isnan(out.get(dim + d))) << d;
+  }
+}
+
+}  // namespace
+}  // namespace openmla::testing

@@ -36,6 +36,7 @@ import math
 import torch
 
 from .. import ops
+from .._torch_ops import _workspace
 from ..ops import LATENT_DIM
 
 _TILE_SCHEDULER_METADATA_SIZE = 8  # int32 fields per row of FlashMLA's scheduler metadata
@@ -57,7 +58,7 @@ class MlaSchedMeta:
             self.workspace = make_workspace()
         elif self.config != config:
             raise ValueError(
-                "tile_scheduler_metadata: it served a call of shape (B, Sq, Hq, page_size, "
+                "tile_scheduler_metadata: it served a call of (device, B, Sq, Hq, page_size, "
                 f"h_kv, causal, is_fp8_kvcache, topk) = {self.config}, this call has {config}; "
                 "use one get_mla_metadata() object per shape")
         return self.workspace
@@ -88,12 +89,8 @@ def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads
 
 
 def _workspace_maker(size_query, args, device):
-    def make():
-        if device.type != "cuda":
-            return None  # the CPU reference needs no scratch
-        size = size_query(*args)
-        return torch.empty(size, dtype=torch.uint8, device=device) if size else None
-    return make
+    """Allocates the op's workspace on first use (the one allocation rule: _torch_ops)."""
+    return lambda: _workspace(None, size_query, args, device)
 
 
 def _flashmla_lse(q):
@@ -138,7 +135,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     lse, lse_openmla_layout = _flashmla_lse(q)
     # openmla writes bf16; an fp16 q gets its fp16 output through one conversion at the end.
     out = q.new_empty((*q.shape[:-1], LATENT_DIM), dtype=torch.bfloat16)
-    shape_key = (q.shape[0], q.shape[1], q.shape[2], k_cache.shape[1],
+    shape_key = (q.device, q.shape[0], q.shape[1], q.shape[2], k_cache.shape[1],
                  k_cache.shape[2] if k_cache.dim() == 4 else 1, bool(causal),
                  bool(is_fp8_kvcache), indices.shape[-1] if sparse else None)
     if sparse:

@@ -16,6 +16,7 @@
 // other views take the register kernel with byte-access fallbacks. Rows of out at or past
 // cu_seq_lens[B] are not written; block-table entries and lengths are trusted on the device
 // (the CPU path checks them).
+#include "kernels/async_copy.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/generic/kv_cache_kernels.h"
 #include "kernels/generic/convert.cuh"
@@ -135,16 +136,6 @@ __global__ void __launch_bounds__(kThreads) gather_ds_mla_kernel(GatherArgs args
 }
 
 
-// cp.async: a 16-byte global -> shared copy that holds no register while in flight.
-__device__ __forceinline__ void copy_16_async(void* shared_destination, const void* global_source) {
-  const unsigned destination = static_cast<unsigned>(__cvta_generic_to_shared(shared_destination));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(destination), "l"(global_source)
-               : "memory");
-}
-__device__ __forceinline__ void wait_async_copies() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-}
-
 constexpr int kPiecesPerToken = kDsMlaBytesPerToken / kChunkBytes;  // 41
 static_assert(kDsMlaBytesPerToken % kChunkBytes == 0, "tokens are whole 16-byte pieces");
 
@@ -160,9 +151,10 @@ __global__ void __launch_bounds__(kThreads) gather_ds_mla_staged_kernel(GatherAr
   for (int piece = lane; piece < kRowsPerWarp * kPiecesPerToken; piece += kWarpSize) {
     const int row = piece / kPiecesPerToken, offset = (piece % kPiecesPerToken) * kChunkBytes;
     const uint8_t* token = warp_tokens[warp][row];
-    if (token != nullptr) copy_16_async(&staged[warp][row][offset], token + offset);
+    if (token != nullptr) copy_async_16(&staged[warp][row][offset], token + offset);
   }
-  wait_async_copies();
+  commit_async_copies();
+  wait_async_copies<0>();
   __syncwarp();
 
   constexpr int kHalf = kLatentDim / 2;

@@ -78,6 +78,8 @@ struct MergeWeights {
 };
 
 OPENMLA_HOST_DEVICE MergeWeights merge_weights(float lse_a, float lse_b, bool base2) {
+  // A NaN LSE poisons the merge (fmaxf alone would drop it and silently lose that side).
+  if (lse_a != lse_a || lse_b != lse_b) return {NAN, NAN, NAN};
   float lse_max = fmaxf(lse_a, lse_b);
   if (!(lse_max > -INFINITY)) return {0.0f, 0.0f, -INFINITY};  // nothing on either side
   float to_base2 = base2 ? 1.0f : kLog2E;

@@ -3,7 +3,7 @@
 // What: for row (b, m), with split LSEs l_i (base 2) and outputs O_i (fp32, each normalised
 // over its own keys): L = log2(sum_i 2^l_i), out = sum_i 2^(l_i - L) O_i, written as bf16 with
 // the LSE in the requested base. Splits with l_i = -inf (no keys) are never read; a row whose
-// splits are all empty gets output 0 and LSE -inf.
+// splits are all empty gets output 0 and LSE -inf; a NaN in any split makes the row NaN.
 // Tiling: one 128-thread block per row; each thread owns 4 of the 512 value columns (one
 // 16-byte load per split), the split weights are computed redundantly by every thread from
 // the (L1-broadcast) LSEs, which costs far less than the row's loads. Splits are read in
@@ -50,7 +50,11 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(C
       lses[i] = first + i < args.splits ? args.partial_lse[(first + i) * split_stride + row] : -INFINITY;
     }
 #pragma unroll
-    for (int i = 0; i < kSplitBatch; ++i) max_lse = fmaxf(max_lse, lses[i]);
+    for (int i = 0; i < kSplitBatch; ++i) {
+      // NaN stays NaN (fmaxf alone would drop it and turn a NaN row into an empty one), so
+      // the output and LSE are NaN, as with one split and in the CPU reference.
+      max_lse = isnan(lses[i]) || isnan(max_lse) ? NAN : fmaxf(max_lse, lses[i]);
+    }
   }
   float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float weight_sum = 0.0f;
@@ -78,7 +82,7 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(C
       }
     }
   }
-  const float inverse = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
+  const float inverse = weight_sum == 0.0f ? 0.0f : 1.0f / weight_sum;
   const int token = m / args.heads, head = m % args.heads;
   uint16_t* out = args.out + batch_index * args.out_batch + token * args.out_token + head * args.out_head;
   __nv_bfloat162 low = __floats2bfloat162_rn(sum.x * inverse, sum.y * inverse);
@@ -88,7 +92,7 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(C
   packed.y = *reinterpret_cast<uint32_t*>(&high);
   *reinterpret_cast<uint2*>(out + 4 * threadIdx.x) = packed;
   if (args.lse != nullptr && threadIdx.x == 0) {
-    const float lse2 = weight_sum > 0.0f ? max_lse + log2f(weight_sum) : -INFINITY;
+    const float lse2 = weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
     args.lse[batch_index * args.lse_batch + token * args.lse_token + head * args.lse_head] =
         args.lse_base2 ? lse2 : lse2 * 0.6931471805599453f;
   }

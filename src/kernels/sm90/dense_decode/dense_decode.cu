@@ -55,7 +55,7 @@ void launch_split(const SplitArgs& args, dim3 grid, cudaStream_t stream) {
 void dense_decode(const DenseDecodeParams& params) {
   const TensorView& q = params.q;
   const TensorView& cache = params.kv_cache;
-  require_alignment("q", q, 16);
+  require_alignment("q", q, q.dtype == DType::kFloat8E4M3 ? 8 : 16);  // fp8 q: 8-byte loads
   require_alignment("kv_cache", cache, 16);
   require_alignment("out", params.out, 8);
   if (q.size(0) > 65535) {
@@ -63,7 +63,8 @@ void dense_decode(const DenseDecodeParams& params) {
   }
 
   const int batch = int(q.size(0)), query_tokens = int(q.size(1)), heads = int(q.size(2));
-  const DenseDecodePlan plan = plan_dense_decode(batch, query_tokens, heads, planning_sm_count());
+  const DenseDecodePlan plan =
+      plan_dense_decode(batch, query_tokens, heads, planning_sm_count(q.device));
   const bool fp8_cache = cache.dtype == DType::kFloat8E4M3;
   const bool fp8_q = q.dtype == DType::kFloat8E4M3;
   const bool half = q.dtype == DType::kFloat16;
@@ -103,6 +104,8 @@ void dense_decode(const DenseDecodeParams& params) {
     args.lse_head = params.lse.stride(2);
   }
   args.lse_base2 = params.lse_base == LseBase::kBase2;
+  // The split kernels store float2 and the combine kernel loads float4 from the workspace.
+  if (plan.splits > 1) require_alignment("workspace", params.workspace, 16);
   float* workspace = params.workspace.ptr<float>();
   const int64_t split_rows = plan.splits * int64_t(batch) * args.rows;
   args.partial_out = workspace;

@@ -74,22 +74,7 @@ __global__ void __launch_bounds__(kThreads, 1) dense_decode_narrow_kernel(SplitA
   for (int n = 0; n < kNarrowColumns / 8; ++n) output[n][0] = output[n][1] = output[n][2] = output[n][3] = 0.0f;
 
   for (int tile = 0; tile < range.tiles; ++tile) {
-    wait_async_copies<kStages - 2>();
-    __syncthreads();  // tile landed; the stage refilled next and the softmax buffers are free
-    const int refill = tile + kStages - 1;
-    if (refill < range.tiles) {
-      load_kv_tile<kFp8Cache>(args, table_row, range.begin + refill * kKeysPerTile, range.end,
-                              stages + (refill % kStages) * kStageBytes);
-    }
-    commit_async_copies();
-    const uint16_t* keys;
-    if constexpr (kFp8Cache) {
-      widen_fp8_tile<kHalf>(stages + (tile % kStages) * kStageBytes, widened);
-      __syncthreads();
-      keys = widened;
-    } else {
-      keys = reinterpret_cast<const uint16_t*>(stages + (tile % kStages) * kStageBytes);
-    }
+    const uint16_t* keys = next_key_tile<kHalf, kFp8Cache, kStages>(args, table_row, range, tile, stages, widened);
 
     // Partial S over this warp's 8 keys and 288 dims: two accumulators halve the mma chain.
     float partial[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};

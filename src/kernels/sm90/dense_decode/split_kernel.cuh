@@ -114,23 +114,28 @@ __device__ __forceinline__ void load_kv_tile(const SplitArgs& args, const int32_
   }
 }
 
+// 8 FP8 E4M3 values -> 8 16-bit values (exact: every e4m3 value is a bf16 and an fp16 value).
+template <bool kHalf>
+__device__ __forceinline__ uint4 widen_fp8x8(uint2 bytes) {
+  uint32_t packed[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t word = w < 2 ? bytes.x : bytes.y;
+    const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> (16 * (w % 2))), __NV_E4M3);
+    const float2 values = __half22float2(*reinterpret_cast<const __half2*>(&pair));
+    packed[w] = pack_two<kHalf>(values.x, values.y);
+  }
+  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
 // FP8 -> 16-bit widening of one raw stage into the math tile (exact: e4m3 fits bf16 and fp16).
 template <bool kHalf>
 __device__ __forceinline__ void widen_fp8_tile(const uint8_t* raw, uint16_t* tile) {
   constexpr int kUnits = kKeysPerTile * kHeadDim / 8;  // 8 values per unit
   for (int unit = threadIdx.x; unit < kUnits; unit += kThreads) {
     const int token = unit / (kHeadDim / 8), column = (unit % (kHeadDim / 8)) * 8;
-    const uint2 bytes = *reinterpret_cast<const uint2*>(raw + token * kHeadDim + column);
-    uint32_t packed[4];
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t word = w < 2 ? bytes.x : bytes.y;
-      const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> (16 * (w % 2))), __NV_E4M3);
-      const float2 values = __half22float2(*reinterpret_cast<const __half2*>(&pair));
-      packed[w] = pack_two<kHalf>(values.x, values.y);
-    }
     *reinterpret_cast<uint4*>(tile + token * kRowStride + column) =
-        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        widen_fp8x8<kHalf>(*reinterpret_cast<const uint2*>(raw + token * kHeadDim + column));
   }
 }
 
@@ -148,16 +153,7 @@ __device__ __forceinline__ void load_query_tile(const SplitArgs& args, int batch
       const int64_t offset = batch_index * args.q_batch + (m / args.heads) * args.q_token +
                              (m % args.heads) * args.q_head + column;
       if constexpr (kFp8Q) {
-        const uint2 bytes = *reinterpret_cast<const uint2*>(args.q + offset);
-        uint32_t words[4];
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const uint32_t word = w < 2 ? bytes.x : bytes.y;
-          const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> (16 * (w % 2))), __NV_E4M3);
-          const float2 values = __half22float2(*reinterpret_cast<const __half2*>(&pair));
-          words[w] = pack_two<kHalf>(values.x, values.y);
-        }
-        packed = make_uint4(words[0], words[1], words[2], words[3]);
+        packed = widen_fp8x8<kHalf>(*reinterpret_cast<const uint2*>(args.q + offset));
       } else {
         packed = *reinterpret_cast<const uint4*>(args.q + 2 * offset);
       }
@@ -225,6 +221,33 @@ __device__ __forceinline__ void store_row_lse(const SplitArgs& args, int split, 
   }
 }
 
+// The pipeline step every tile begins with: wait until tile `tile` has landed (at most
+// kStages - 2 newer copy groups pending), barrier (every warp is done with the stage refilled
+// next, and with the previous tile's shared buffers), issue the copies of tile
+// tile + kStages - 1, and for FP8 widen the landed tile (one more barrier). Returns the
+// 16-bit key tile to compute on. Called by every thread of the CTA.
+template <bool kHalf, bool kFp8Cache, int kStages>
+__device__ __forceinline__ const uint16_t* next_key_tile(const SplitArgs& args, const int32_t* table_row,
+                                                        const KeyRange& range, int tile, uint8_t* stages,
+                                                        uint16_t* widened) {
+  constexpr int kStageBytes = kFp8Cache ? kKeysPerTile * kHeadDim : kKeysPerTile * kRowStride * 2;
+  wait_async_copies<kStages - 2>();
+  __syncthreads();
+  const int refill = tile + kStages - 1;
+  if (refill < range.tiles) {
+    load_kv_tile<kFp8Cache>(args, table_row, range.begin + refill * kKeysPerTile, range.end,
+                            stages + (refill % kStages) * kStageBytes);
+  }
+  commit_async_copies();  // one group per tile, empty or not, so the wait count above holds
+  if constexpr (kFp8Cache) {
+    widen_fp8_tile<kHalf>(stages + (tile % kStages) * kStageBytes, widened);
+    __syncthreads();
+    return widened;
+  } else {
+    return reinterpret_cast<const uint16_t*>(stages + (tile % kStages) * kStageBytes);
+  }
+}
+
 // A split without keys for any row of the tile: LSE -inf and (one split) output 0 for its rows,
 // without loading anything. Returns true when the CTA is done.
 __device__ __forceinline__ bool finish_empty_split(const SplitArgs& args, const KeyRange& range, int split,
@@ -289,24 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1) dense_decode_split_kernel(SplitAr
   float running_sum[2] = {0.0f, 0.0f};
 
   for (int tile = 0; tile < tiles; ++tile) {
-    // Tile `tile` has landed once at most kStages - 2 newer groups are pending; the barrier
-    // also tells every warp that the stage refilled below is no longer being read.
-    wait_async_copies<kStages - 2>();
-    __syncthreads();
-    const int refill = tile + kStages - 1;
-    if (refill < tiles) {
-      load_kv_tile<kFp8Cache>(args, table_row, key_begin + refill * kKeysPerTile, key_end,
-                              stages + (refill % kStages) * kStageBytes);
-    }
-    commit_async_copies();
-    const uint16_t* keys;
-    if constexpr (kFp8Cache) {
-      widen_fp8_tile<kHalf>(stages + (tile % kStages) * kStageBytes, widened);
-      __syncthreads();
-      keys = widened;
-    } else {
-      keys = reinterpret_cast<const uint16_t*>(stages + (tile % kStages) * kStageBytes);
-    }
+    const uint16_t* keys = next_key_tile<kHalf, kFp8Cache, kStages>(args, table_row, range, tile, stages, widened);
 
     if (warp_has_rows) {
       // S = Q K^T for this warp's 16 rows and its 16 of the tile's 32 keys (2 n-slices of 8).

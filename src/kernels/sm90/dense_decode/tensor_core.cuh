@@ -1,5 +1,5 @@
-// Tensor-core and async-copy vocabulary for the decode kernels: 16-byte cp.async into shared
-// memory, ldmatrix fragment loads, and the m16n8k16 mma with fp32 accumulation. Fragment
+// Tensor-core vocabulary for the decode kernels (async copies: kernels/async_copy.cuh):
+// ldmatrix fragment loads, and the m16n8k16 mma with fp32 accumulation. Fragment
 // layouts are PTX's: for a lane, "group" = lane / 4 is its row (A, C) or column (B) within an
 // 8-wide slice, "pair" = lane % 4 picks two consecutive elements (columns 2 pair, 2 pair + 1).
 #pragma once
@@ -10,24 +10,9 @@
 
 #include <cstdint>
 
+#include "kernels/async_copy.cuh"
+
 namespace openmla::kernels::sm90 {
-
-__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
-
-// 16-byte global -> shared copy that holds no register while in flight.
-__device__ __forceinline__ void copy_async_16(void* shared_destination, const void* global_source) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared_destination)),
-               "l"(global_source)
-               : "memory");
-}
-__device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most `kPending` committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void wait_async_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 // Barrier among `thread_count` threads (whole warps) on named barrier `id` (0 is __syncthreads').
 __device__ __forceinline__ void sync_named(int id, int thread_count) {
