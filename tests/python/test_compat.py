@@ -332,3 +332,29 @@ def test_flash_mla_sparse_routes_to_sparse_decode(generator):
     with pytest.raises(ValueError, match="causal"):
         flash_mla.flash_mla_with_kvcache(q, cache, None, None, 512, metadata, None, 0.05,
                                          causal=True, indices=indices)
+
+
+def test_flash_mla_sparse_fwd_follows_flash_mla_conventions(generator):
+    tokens, heads, rows, topk = 5, 3, 40, 8
+    q = randn((tokens, heads, 576), generator)
+    kv = randn((rows, 1, 576), generator)
+    indices = torch.stack([torch.randperm(rows, generator=generator)[:topk]
+                           for _ in range(tokens)]).to(torch.int32)
+    indices[2, 3] = -1
+    indices[4] = -1  # query 4 selects nothing: lse +inf, max_logits -inf, out 0
+    indices = indices.reshape(tokens, 1, topk)
+    out, max_logits, lse = flash_mla.flash_mla_sparse_fwd(q, kv, indices, 0.05)
+    for t in range(tokens - 1):
+        valid = indices[t, 0][indices[t, 0] >= 0].long()
+        keys = kv[valid, 0].double()
+        logits = q[t].double() @ keys.T * 0.05 / math.log(2.0)  # base-2 scaled logits
+        o, _, _ = attention(q[t].double(), keys, keys[:, :512], 0.05)
+        assert relative_error(out[t], o) < BF16_TOLERANCE
+        assert torch.allclose(max_logits[t].double(), logits.max(dim=-1).values, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(lse[t].double(), torch.logsumexp(logits * math.log(2.0), dim=-1) /
+                              math.log(2.0), rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[4].float(), torch.zeros(heads, 512))
+    assert torch.equal(lse[4], torch.full((heads,), math.inf))
+    assert torch.equal(max_logits[4], torch.full((heads,), -math.inf))
+    with pytest.raises(ValueError, match="d_v"):
+        flash_mla.flash_mla_sparse_fwd(q, kv, indices, 0.05, d_v=256)

@@ -1,6 +1,7 @@
-"""FlashMLA's decode entry points (package `flash_mla`) on openmla.
+"""FlashMLA's entry points (package `flash_mla`) on openmla.
 
-    from openmla.compat.flash_mla import get_mla_metadata, flash_mla_with_kvcache
+    from openmla.compat.flash_mla import (get_mla_metadata, flash_mla_with_kvcache,
+                                          flash_mla_sparse_fwd)
 
 Same names, argument order, defaults and return conventions as FlashMLA's:
 out [B, Sq, Hq, 512] in q's dtype, softmax_lse [B, Hq, Sq] float32 natural log, +inf where a
@@ -166,4 +167,22 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     return out, lse
 
 
-__all__ = ["MlaSchedMeta", "get_mla_metadata", "flash_mla_with_kvcache"]
+def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+    """FlashMLA's sparse prefill: q [s_q, h_q, d_qk], kv [s_kv, h_kv, d_qk], indices
+    [s_q, h_kv, topk] int32 (-1 or >= s_kv skipped) -> (out [s_q, h_q, 512], max_logits
+    [s_q, h_q], lse [s_q, h_q]). As in FlashMLA, max_logits and lse are in base 2 of the scaled
+    logits (P = q.k * sm_scale * log2 e: max_logits = max P, lse = log2 sum 2^P), and a query
+    with nothing valid reports lse +inf (max_logits -inf, out 0). attn_sink and topk_length
+    follow openmla.sparse_mla_prefill (the sink joins the denominator, not the LSE)."""
+    if d_v != LATENT_DIM:
+        raise ValueError(f"d_v: expected {LATENT_DIM} (values are the first 512 dims), got {d_v}")
+    out, max_logits, lse = ops.sparse_mla_prefill(q, kv, indices, sm_scale, topk_length=topk_length,
+                                                  attn_sink=attn_sink, lse_base2=True)
+    max_logits.mul_(_LOG2E)  # openmla reports max_logits in natural units; -inf stays -inf
+    lse.masked_fill_(torch.isneginf(lse), math.inf)
+    return out, max_logits, lse
+
+
+_LOG2E = 1.0 / math.log(2.0)
+
+__all__ = ["MlaSchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd"]
