@@ -71,20 +71,7 @@ SparseDecodeParams validate(const ArgumentChecker& check, const SparseDecodePara
   }
   check_attn_sink(check, params.attn_sink, heads);
 
-  check.dtype("out", params.out, {DType::kBFloat16});
-  check.rank("out", params.out, 4);
-  check.size("out", params.out, 0, batch, "batch, from q");
-  check.size("out", params.out, 1, query_tokens, "query tokens, from q");
-  check.size("out", params.out, 2, heads, "heads, from q");
-  check.size("out", params.out, 3, kLatentDim, "value dim");
-  check.last_dim_contiguous("out", params.out);
-  if (params.lse.present()) {
-    check.dtype("lse", params.lse, {DType::kFloat32});
-    check.rank("lse", params.lse, 3);
-    check.size("lse", params.lse, 0, batch, "batch, from q");
-    check.size("lse", params.lse, 1, query_tokens, "query tokens, from q");
-    check.size("lse", params.lse, 2, heads, "heads, from q");
-  }
+  check_decode_outputs(check, params.out, params.lse, batch, query_tokens, heads);
   check.positive_finite("softmax_scale", params.softmax_scale);
 
   Device device = check.common_device({{"q", &params.q},

@@ -1,5 +1,7 @@
 #include "validate.h"
 
+#include "openmla/numerics.h"
+
 #include <cfloat>
 #include <cmath>
 #include <vector>
@@ -150,6 +152,24 @@ Device ArgumentChecker::common_device(
     }
   }
   return first;
+}
+
+void check_decode_outputs(const ArgumentChecker& check, const TensorView& out, const TensorView& lse,
+                          int64_t batch, int64_t query_tokens, int64_t heads) {
+  check.required("out", out);
+  check.dtype("out", out, {DType::kBFloat16});
+  check.rank("out", out, 4);
+  check.size("out", out, 0, batch, "batch, from q");
+  check.size("out", out, 1, query_tokens, "query tokens, from q");
+  check.size("out", out, 2, heads, "heads, from q");
+  check.size("out", out, 3, kLatentDim, "value dim");
+  check.last_dim_contiguous("out", out);
+  if (!lse.present()) return;
+  check.dtype("lse", lse, {DType::kFloat32});
+  check.rank("lse", lse, 3);
+  check.size("lse", lse, 0, batch, "batch, from q");
+  check.size("lse", lse, 1, query_tokens, "query tokens, from q");
+  check.size("lse", lse, 2, heads, "heads, from q");
 }
 
 TensorView drop_single_head_dim(const ArgumentChecker& check, const char* argument,

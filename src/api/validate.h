@@ -46,6 +46,10 @@ class ArgumentChecker {
   const char* op_;
 };
 
+// The outputs every decode op shares: out [B, Sq, Hq, 512] bf16, optional lse [B, Sq, Hq] fp32.
+void check_decode_outputs(const ArgumentChecker& check, const TensorView& out, const TensorView& lse,
+                          int64_t batch, int64_t query_tokens, int64_t heads);
+
 // A [pages, page, 1, last] cache view seen as [pages, page, last] (a single kv head).
 TensorView drop_single_head_dim(const ArgumentChecker& check, const char* argument,
                                 const TensorView& cache);

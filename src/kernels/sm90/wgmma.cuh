@@ -1,0 +1,94 @@
+// Hopper warpgroup MMA (wgmma) vocabulary: shared-memory matrix descriptors for the 128-byte
+// swizzled layouts, and the m64nNk16 BF16 instructions with fp32 accumulators, for the
+// speed-of-light decode kernel (docs/dense-decode-roadmap.md). Not used by a shipped kernel
+// yet; tests/cpp/wgmma_gpu_test.cu checks the layouts against a CPU product.
+//
+// Layout (both majors): a tile is stored as 8 KB blocks of 64 x 64 16-bit values, 128 bytes per
+// line, with the 16-byte chunk c of line l stored at chunk c ^ (l % 8) (the hardware's 128-byte
+// swizzle; blocks must be 1024-byte aligned). swizzled_offset() gives the byte offset of an
+// element inside a block.
+// - K-major operand (A, or B = K^T as [n][k]): line = row (m or n), column = k. A 16-deep k step
+//   inside a block advances the start address by 32 bytes; SBO = 1024 (8 lines).
+// - N-major B (tnspB = 1; e.g. V stored [key][dim], k = key, n = dim): line = k, column = n. A
+//   16-deep k step advances by 16 lines (2048 bytes); SBO = 1024 (8 k lines); LBO = the
+//   stride between 64-wide n blocks.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/async_copy.cuh"
+
+namespace openmla::kernels::sm90 {
+
+constexpr int kSwizzleBlockBytes = 64 * 128;
+
+__host__ __device__ constexpr int swizzled_offset(int line, int column) {
+  return line * 128 + (((column / 8) ^ (line % 8)) * 16) + (column % 8) * 2;
+}
+
+// 64-bit shared-memory matrix descriptor with the 128-byte swizzle.
+__device__ __forceinline__ uint64_t make_descriptor(const void* shared_start, uint32_t leading_byte_offset,
+                                                   uint32_t stride_byte_offset) {
+  const uint64_t address = shared_address(shared_start);
+  return ((address & 0x3FFFF) >> 4) | (uint64_t((leading_byte_offset >> 4) & 0x3FFF) << 16) |
+         (uint64_t((stride_byte_offset >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
+}
+
+// Orders this thread's ordinary shared-memory stores before the tensor cores' reads of them.
+__device__ __forceinline__ void fence_shared_for_async_proxy() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// D (64 x 64, fp32, 32 registers per thread) += A (smem, K-major) * B (smem, K-major: [n][k]).
+// accumulate = false overwrites D.
+__device__ __forceinline__ void wgmma_64x64x16(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(int(accumulate)));
+}
+
+// D (64 x 128) += A (smem, K-major) * B (smem, N-major: [k][n], tnspB = 1): 64 registers.
+__device__ __forceinline__ void wgmma_64x128x16_b_n_major(float (&d)[64], uint64_t a, uint64_t b,
+                                                         bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(int(accumulate)));
+}
+
+// Accumulator element i of a thread (warp w of the warpgroup, lane l): row and column of D.
+__host__ __device__ constexpr int accumulator_row(int warp, int lane, int i) {
+  return 16 * warp + 8 * ((i / 2) % 2) + lane / 4;
+}
+__host__ __device__ constexpr int accumulator_column(int lane, int i) { return 8 * (i / 4) + 2 * (lane % 4) + i % 2; }
+
+}  // namespace openmla::kernels::sm90

@@ -1,0 +1,136 @@
+// The wgmma vocabulary (src/kernels/sm90/wgmma.cuh) against a CPU product: one warpgroup
+// multiplies 64 x 64 A (K-major, 128-byte swizzle) by B given K-major ([n][k], as K for
+// S = Q K^T) and N-major ([k][n], as V for O = P V), so a wrong descriptor field, swizzle or
+// accumulator mapping shows up as a wrong element before any attention kernel relies on it.
+#include <cuda_bf16.h>
+
+#include <vector>
+
+#include "kernels/sm90/wgmma.cuh"
+#include "test_support.h"
+
+namespace openmla::testing {
+namespace {
+
+using kernels::sm90::accumulator_column;
+using kernels::sm90::accumulator_row;
+using kernels::sm90::swizzled_offset;
+
+constexpr int kM = 64, kK = 64;
+
+// A [64][64] row-major, B K-major [64 n][64 k]: d = A B^T, 64 x 64.
+__global__ void k_major_product(const uint16_t* a, const uint16_t* b, float* d) {
+  __shared__ __align__(1024) uint8_t a_tile[kernels::sm90::kSwizzleBlockBytes];
+  __shared__ __align__(1024) uint8_t b_tile[kernels::sm90::kSwizzleBlockBytes];
+  for (int i = threadIdx.x; i < kM * kK; i += blockDim.x) {
+    const int row = i / kK, column = i % kK;
+    *reinterpret_cast<uint16_t*>(a_tile + swizzled_offset(row, column)) = a[i];
+    *reinterpret_cast<uint16_t*>(b_tile + swizzled_offset(row, column)) = b[i];
+  }
+  kernels::sm90::fence_shared_for_async_proxy();
+  __syncthreads();
+  float accumulator[32];
+  kernels::sm90::wgmma_fence();
+#pragma unroll
+  for (int step = 0; step < kK / 16; ++step) {
+    kernels::sm90::wgmma_64x64x16(accumulator, kernels::sm90::make_descriptor(a_tile + 32 * step, 16, 1024),
+                                  kernels::sm90::make_descriptor(b_tile + 32 * step, 16, 1024), step > 0);
+  }
+  kernels::sm90::wgmma_commit();
+  kernels::sm90::wgmma_wait<0>();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = 0; i < 32; ++i) d[accumulator_row(warp, lane, i) * 64 + accumulator_column(lane, i)] = accumulator[i];
+}
+
+// A [64][64] row-major, B N-major [64 k][128 n] (two 64-wide n blocks, 8 KB apart): d = A B.
+__global__ void n_major_product(const uint16_t* a, const uint16_t* b, float* d) {
+  __shared__ __align__(1024) uint8_t a_tile[kernels::sm90::kSwizzleBlockBytes];
+  __shared__ __align__(1024) uint8_t b_tile[2 * kernels::sm90::kSwizzleBlockBytes];
+  for (int i = threadIdx.x; i < kM * kK; i += blockDim.x) {
+    *reinterpret_cast<uint16_t*>(a_tile + swizzled_offset(i / kK, i % kK)) = a[i];
+  }
+  for (int i = threadIdx.x; i < kK * 128; i += blockDim.x) {
+    const int k = i / 128, n = i % 128;
+    *reinterpret_cast<uint16_t*>(b_tile + (n / 64) * kernels::sm90::kSwizzleBlockBytes + swizzled_offset(k, n % 64)) = b[i];
+  }
+  kernels::sm90::fence_shared_for_async_proxy();
+  __syncthreads();
+  float accumulator[64];
+  kernels::sm90::wgmma_fence();
+#pragma unroll
+  for (int step = 0; step < kK / 16; ++step) {
+    kernels::sm90::wgmma_64x128x16_b_n_major(
+        accumulator, kernels::sm90::make_descriptor(a_tile + 32 * step, 16, 1024),
+        kernels::sm90::make_descriptor(b_tile + 2048 * step, kernels::sm90::kSwizzleBlockBytes, 1024), step > 0);
+  }
+  kernels::sm90::wgmma_commit();
+  kernels::sm90::wgmma_wait<0>();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = 0; i < 64; ++i) d[accumulator_row(warp, lane, i) * 128 + accumulator_column(lane, i)] = accumulator[i];
+}
+
+std::vector<uint16_t> random_bf16(std::mt19937_64& rng, size_t count) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<uint16_t> values(count);
+  for (auto& value : values) value = float_to_bf16(dist(rng));
+  return values;
+}
+
+template <typename T>
+T* to_device(const std::vector<T>& host) {
+  T* device = nullptr;
+  EXPECT_EQ(cudaMalloc(&device, host.size() * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return device;
+}
+
+// Products of bf16 values summed in fp32 (the tensor cores) vs double: 64-term sums of
+// values in [-1, 1] agree to ~1e-5; a layout error is off by O(1).
+void expect_product(const std::vector<float>& actual, const std::vector<uint16_t>& a,
+                    const std::vector<uint16_t>& b, int n_count, bool b_k_major) {
+  for (int m = 0; m < kM; ++m) {
+    for (int n = 0; n < n_count; ++n) {
+      double expected = 0;
+      for (int k = 0; k < kK; ++k) {
+        const uint16_t b_value = b_k_major ? b[n * kK + k] : b[k * n_count + n];
+        expected += double(bf16_to_float(a[m * kK + k])) * bf16_to_float(b_value);
+      }
+      ASSERT_NEAR(actual[m * n_count + n], expected, 1e-3) << "m " << m << ", n " << n;
+    }
+  }
+}
+
+TEST(WgmmaGpu, KMajorOperandsMatchCpuProduct) {
+  OPENMLA_REQUIRE_GPU();
+  auto rng = make_rng();
+  const auto a = random_bf16(rng, kM * kK), b = random_bf16(rng, 64 * kK);
+  uint16_t *a_device = to_device(a), *b_device = to_device(b);
+  float* d_device = to_device(std::vector<float>(kM * 64, NAN));
+  k_major_product<<<1, 128>>>(a_device, b_device, d_device);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> d(kM * 64);
+  ASSERT_EQ(cudaMemcpy(d.data(), d_device, d.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  expect_product(d, a, b, 64, true);
+  cudaFree(a_device);
+  cudaFree(b_device);
+  cudaFree(d_device);
+}
+
+TEST(WgmmaGpu, NMajorBMatchesCpuProduct) {
+  OPENMLA_REQUIRE_GPU();
+  auto rng = make_rng();
+  const auto a = random_bf16(rng, kM * kK), b = random_bf16(rng, kK * 128);
+  uint16_t *a_device = to_device(a), *b_device = to_device(b);
+  float* d_device = to_device(std::vector<float>(kM * 128, NAN));
+  n_major_product<<<1, 128>>>(a_device, b_device, d_device);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> d(kM * 128);
+  ASSERT_EQ(cudaMemcpy(d.data(), d_device, d.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  expect_product(d, a, b, 128, false);
+  cudaFree(a_device);
+  cudaFree(b_device);
+  cudaFree(d_device);
+}
+
+}  // namespace
+}  // namespace openmla::testing
