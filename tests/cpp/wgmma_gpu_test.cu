@@ -18,10 +18,18 @@ using kernels::sm90::swizzled_offset;
 
 constexpr int kM = 64, kK = 64;
 
+// The 128-byte swizzle is computed from address bits, so each 8 KB block must start on a
+// 1024-byte boundary: dynamic shared memory, rounded up by hand.
+__device__ uint8_t* aligned_shared(uint8_t* raw) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(raw);
+  return reinterpret_cast<uint8_t*>((address + 1023) & ~uintptr_t(1023));
+}
+
 // A [64][64] row-major, B K-major [64 n][64 k]: d = A B^T, 64 x 64.
 __global__ void k_major_product(const uint16_t* a, const uint16_t* b, float* d) {
-  __shared__ __align__(1024) uint8_t a_tile[kernels::sm90::kSwizzleBlockBytes];
-  __shared__ __align__(1024) uint8_t b_tile[kernels::sm90::kSwizzleBlockBytes];
+  extern __shared__ uint8_t raw_shared[];
+  uint8_t* a_tile = aligned_shared(raw_shared);
+  uint8_t* b_tile = a_tile + kernels::sm90::kSwizzleBlockBytes;
   for (int i = threadIdx.x; i < kM * kK; i += blockDim.x) {
     const int row = i / kK, column = i % kK;
     *reinterpret_cast<uint16_t*>(a_tile + swizzled_offset(row, column)) = a[i];
@@ -44,8 +52,9 @@ __global__ void k_major_product(const uint16_t* a, const uint16_t* b, float* d) 
 
 // A [64][64] row-major, B N-major [64 k][128 n] (two 64-wide n blocks, 8 KB apart): d = A B.
 __global__ void n_major_product(const uint16_t* a, const uint16_t* b, float* d) {
-  __shared__ __align__(1024) uint8_t a_tile[kernels::sm90::kSwizzleBlockBytes];
-  __shared__ __align__(1024) uint8_t b_tile[2 * kernels::sm90::kSwizzleBlockBytes];
+  extern __shared__ uint8_t raw_shared[];
+  uint8_t* a_tile = aligned_shared(raw_shared);
+  uint8_t* b_tile = a_tile + kernels::sm90::kSwizzleBlockBytes;
   for (int i = threadIdx.x; i < kM * kK; i += blockDim.x) {
     *reinterpret_cast<uint16_t*>(a_tile + swizzled_offset(i / kK, i % kK)) = a[i];
   }
@@ -106,7 +115,7 @@ TEST(WgmmaGpu, KMajorOperandsMatchCpuProduct) {
   const auto a = random_bf16(rng, kM * kK), b = random_bf16(rng, 64 * kK);
   uint16_t *a_device = to_device(a), *b_device = to_device(b);
   float* d_device = to_device(std::vector<float>(kM * 64, NAN));
-  k_major_product<<<1, 128>>>(a_device, b_device, d_device);
+  k_major_product<<<1, 128, 2 * kernels::sm90::kSwizzleBlockBytes + 1024>>>(a_device, b_device, d_device);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> d(kM * 64);
   ASSERT_EQ(cudaMemcpy(d.data(), d_device, d.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -122,7 +131,7 @@ TEST(WgmmaGpu, NMajorBMatchesCpuProduct) {
   const auto a = random_bf16(rng, kM * kK), b = random_bf16(rng, kK * 128);
   uint16_t *a_device = to_device(a), *b_device = to_device(b);
   float* d_device = to_device(std::vector<float>(kM * 128, NAN));
-  n_major_product<<<1, 128>>>(a_device, b_device, d_device);
+  n_major_product<<<1, 128, 3 * kernels::sm90::kSwizzleBlockBytes + 1024>>>(a_device, b_device, d_device);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> d(kM * 128);
   ASSERT_EQ(cudaMemcpy(d.data(), d_device, d.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
