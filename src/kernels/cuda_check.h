@@ -29,4 +29,11 @@ inline unsigned blocks_for(long long work_items, long long items_per_block) {
   return unsigned(blocks < 1 ? 1 : blocks);
 }
 
+// log2 of a power of two (a page size), for shift/mask addressing.
+inline int log2_of(int64_t power_of_two) {
+  int shift = 0;
+  while ((int64_t(1) << shift) < power_of_two) ++shift;
+  return shift;
+}
+
 }  // namespace openmla

@@ -70,13 +70,6 @@ __device__ __forceinline__ void store_half_chunk(void* address, uint2 value) {
   for (int i = 0; i < 8; ++i) bytes[i] = uint8_t((i < 4 ? value.x : value.y) >> (8 * (i % 4)));
 }
 
-// log2 of a power of two (a page size), for shift/mask addressing.
-inline int log2_of(int64_t power_of_two) {
-  int shift = 0;
-  while ((int64_t(1) << shift) < power_of_two) ++shift;
-  return shift;
-}
-
 // A float at a byte address that a strided cache view may leave unaligned.
 __device__ __forceinline__ void store_float(uint8_t* address, float value) {
   if ((reinterpret_cast<uintptr_t>(address) & 3) == 0) {

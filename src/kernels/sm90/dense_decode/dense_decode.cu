@@ -81,9 +81,7 @@ void dense_decode(const DenseDecodeParams& params) {
   args.block_table_row = params.block_table.stride(0);
   args.seq_lens = params.seq_lens.ptr<const int32_t>();
   args.seq_lens_stride = params.seq_lens.stride(0);
-  int shift = 0;
-  while ((int64_t(1) << shift) < cache.size(1)) ++shift;
-  args.page_shift = shift;
+  args.page_shift = log2_of(cache.size(1));
   args.query_tokens = query_tokens;
   args.heads = heads;
   args.rows = query_tokens * heads;
