@@ -41,7 +41,7 @@ __global__ void k_major_product(const uint16_t* a, const uint16_t* b, float* d) 
   kernels::sm90::wgmma_fence();
 #pragma unroll
   for (int step = 0; step < kK / 16; ++step) {
-    kernels::sm90::wgmma_64x64x16(accumulator, kernels::sm90::make_descriptor(a_tile + 32 * step, 16, 1024),
+    kernels::sm90::wgmma_64x64x16<false>(accumulator, kernels::sm90::make_descriptor(a_tile + 32 * step, 16, 1024),
                                   kernels::sm90::make_descriptor(b_tile + 32 * step, 16, 1024), step > 0);
   }
   kernels::sm90::wgmma_commit();
@@ -68,7 +68,7 @@ __global__ void n_major_product(const uint16_t* a, const uint16_t* b, float* d) 
   kernels::sm90::wgmma_fence();
 #pragma unroll
   for (int step = 0; step < kK / 16; ++step) {
-    kernels::sm90::wgmma_64x128x16_b_n_major(
+    kernels::sm90::wgmma_64x128x16_b_n_major<false>(
         accumulator, kernels::sm90::make_descriptor(a_tile + 32 * step, 16, 1024),
         kernels::sm90::make_descriptor(b_tile + 2048 * step, kernels::sm90::kSwizzleBlockBytes, 1024), step > 0);
   }

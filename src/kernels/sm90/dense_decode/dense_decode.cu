@@ -7,13 +7,16 @@
 // combine_kernel.cuh (the merge).
 #include "kernels/sm90/dense_decode/dense_decode.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "kernels/cuda_check.h"
 #include "kernels/sm90/dense_decode/combine_kernel.cuh"
-#include "kernels/sm90/dense_decode/narrow_kernel.cuh"
-#include "kernels/sm90/dense_decode/split_kernel.cuh"
+#include "kernels/sm90/dense_decode/warpgroup_kernel.cuh"
 #include "plan/decode_plan.h"
 
 namespace openmla::kernels::sm90 {
@@ -21,8 +24,6 @@ namespace openmla::kernels::sm90 {
 namespace {
 
 constexpr const char* kOp = "dense_decode";
-constexpr int kStages = 4;        // 64-row kernel: 3 tiles (110 KB) in flight per SM
-constexpr int kNarrowStages = 4;  // narrow kernel
 
 // cp.async and the vector loads need 16-byte-aligned rows; the output's vector stores 8-byte.
 void require_alignment(const char* argument, const TensorView& view, int bytes) {
@@ -36,17 +37,51 @@ void require_alignment(const char* argument, const TensorView& view, int bytes) 
   }
 }
 
+// The cache as a 3-D tensor (dim, token, page) for the TMA; boxes of 64 dims x min(page, 64)
+// tokens, 128-byte swizzled for 16-bit caches (the wgmma layout), plain for FP8.
+CUtensorMap make_cache_map(const TensorView& cache, bool fp8) {
+  using Encode = PFN_cuTensorMapEncodeTiled_v12000;
+  static Encode encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      function = nullptr;
+    }
+    return reinterpret_cast<Encode>(function);
+  }();
+  if (encode == nullptr) {
+    throw Error(ErrorKind::kCuda, kOp, "kv_cache", "the driver has no cuTensorMapEncodeTiled (TMA)");
+  }
+  const size_t element = dtype_size(cache.dtype);
+  const int64_t page_size = cache.size(1);
+  const cuuint64_t sizes[3] = {cuuint64_t(kHeadDim), cuuint64_t(page_size), cuuint64_t(cache.size(0))};
+  const cuuint64_t strides[2] = {cuuint64_t(cache.stride(1) * element), cuuint64_t(cache.stride(0) * element)};
+  const cuuint32_t box[3] = {64, cuuint32_t(std::min<int64_t>(page_size, 64)), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  CUtensorMap map{};
+  const CUresult result =
+      encode(&map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, cache.data, sizes, strides,
+             box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    throw Error(ErrorKind::kInvalidArgument, kOp, "kv_cache",
+                "cannot be described to the TMA (cuTensorMapEncodeTiled error " + std::to_string(int(result)) +
+                    "): expected 16-byte aligned pages and tokens");
+  }
+  return map;
+}
+
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
-void launch_split(const SplitArgs& args, dim3 grid, cudaStream_t stream) {
-  // <= 16 rows: the narrow kernel shares each tile among all warps (narrow_kernel.cuh).
-  const bool narrow = args.rows <= kNarrowRows;
-  const int bytes = narrow ? narrow_shared_bytes<kFp8Cache, kNarrowStages>() : shared_bytes<kFp8Cache, kStages>();
-  auto kernel = narrow ? dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache, kNarrowStages>
-                       : dense_decode_split_kernel<kHalf, kFp8Q, kFp8Cache, kStages>;
+void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid, cudaStream_t stream) {
+  constexpr int bytes = WarpgroupLayout<kFp8Cache>::kLaunchBytes;
+  auto kernel = dense_decode_warpgroup_kernel<kHalf, kFp8Q, kFp8Cache>;
   // Not a stream operation: allowed during graph capture, and cheap enough to repeat.
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), kOp,
              "cudaFuncSetAttribute");
-  kernel<<<grid, kThreads, bytes, stream>>>(args);
+  kernel<<<grid, kWarpgroupThreads, bytes, stream>>>(cache_map, args);
   check_launch(kOp);
 }
 
@@ -113,14 +148,15 @@ void dense_decode(const DenseDecodeParams& params) {
 
   const dim3 grid(unsigned(plan.row_tiles), unsigned(plan.splits), unsigned(batch));
   const cudaStream_t stream = as_cuda_stream(params.stream);
+  const CUtensorMap cache_map = make_cache_map(cache, fp8_cache);
   if (half) {
-    launch_split<true, false, false>(args, grid, stream);
+    launch_split<true, false, false>(cache_map, args, grid, stream);
   } else if (fp8_q) {
-    launch_split<false, true, true>(args, grid, stream);
+    launch_split<false, true, true>(cache_map, args, grid, stream);
   } else if (fp8_cache) {
-    launch_split<false, false, true>(args, grid, stream);
+    launch_split<false, false, true>(cache_map, args, grid, stream);
   } else {
-    launch_split<false, false, false>(args, grid, stream);
+    launch_split<false, false, false>(cache_map, args, grid, stream);
   }
 
   if (plan.splits > 1) {

@@ -163,10 +163,11 @@ __device__ __forceinline__ void load_query_tile(const SplitArgs& args, int batch
 }
 
 // The tile's key range for this split: keys [begin, end) of the request, cut into `splits`
-// chunks of whole 32-key tiles, and limited (causal) to what the tile's last row can see.
+// chunks of whole key tiles (kTileKeys), and limited (causal) to what the tile's last row can see.
 struct KeyRange {
   int length, begin, end, tiles;
 };
+template <int kTileKeys = kKeysPerTile>
 __device__ __forceinline__ KeyRange split_key_range(const SplitArgs& args, int batch_index, int split,
                                                     int first_row, int rows_here) {
   KeyRange range;
@@ -177,11 +178,10 @@ __device__ __forceinline__ KeyRange split_key_range(const SplitArgs& args, int b
   // At least kMinKeysPerSplit keys per split: a CTA's fixed cost (Q load, pipeline fill) is
   // worth a few tiles; short requests then leave the last splits empty (they exit at once).
   const int per_split =
-      (max((range.length + args.splits - 1) / args.splits, kMinKeysPerSplit) + kKeysPerTile - 1) / kKeysPerTile *
-      kKeysPerTile;
+      (max((range.length + args.splits - 1) / args.splits, kMinKeysPerSplit) + kTileKeys - 1) / kTileKeys * kTileKeys;
   range.begin = split * per_split;
   range.end = min(visible_max, range.begin + per_split);
-  range.tiles = range.end > range.begin ? (range.end - range.begin + kKeysPerTile - 1) / kKeysPerTile : 0;
+  range.tiles = range.end > range.begin ? (range.end - range.begin + kTileKeys - 1) / kTileKeys : 0;
   return range;
 }
 

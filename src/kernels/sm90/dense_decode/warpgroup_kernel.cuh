@@ -1,0 +1,361 @@
+// Dense MLA decode, split-KV attention kernel on Hopper warpgroup MMA (wgmma).
+//
+// What: for one request b, one tile of 64 query rows and one KV split, the softmax attention of
+// the rows over the split's keys: S = Q K^T (576 dims), P = softmax(S), O = P V (V = the first
+// 512 dims of the same cache rows). Query rows are the request's Sq tokens x Hq heads folded
+// into M (row m = s * Hq + h), so a 64-row wgmma tile is filled by Hq = 64, Hq = 16 x Sq = 4...
+// Roles: 384 threads = two consumer warpgroups (the math) + one producer warpgroup, of which
+// one thread issues the loads (a whole warpgroup so that setmaxnreg can move its registers to
+// the consumers).
+// Tiling: key tiles of 64 tokens.
+// - S: warpgroup w computes the 64 x 32 scores of keys 32 w .. 32 w + 31 (wgmma m64n32k16,
+//   36 steps over the 576 dims, Q and K both read from shared memory).
+// - softmax: both warpgroups trade their row maxima through shared memory, so both rescale by
+//   the same factor, and write their half of P (16-bit) to shared memory.
+// - O += P V: warpgroup w owns value columns 256 w .. 256 w + 255 (wgmma m64n256k16, 128 fp32
+//   accumulators per thread), P and V from shared memory. V is read N-major from the K tile
+//   itself, so each cache row is loaded once.
+// Shared memory (all operands in 128-byte swizzled 64 x 64 blocks, see wgmma.cuh): Q 72 KB,
+// two key stages of 72 KB (16-bit cache) or one 72 KB math tile + two raw 36 KB stages (FP8
+// cache, widened exactly to 16 bits per tile), P 8 KB: ~225 KB, one CTA per SM.
+// Pipeline: one thread of the producer warp walks the block table and issues TMA boxes (one
+// per 64 dims x min(page, 64) tokens) into two stages; a "full" mbarrier per stage counts the
+// bytes in, an "empty" one the 256 consumer threads done with it, so tile t + 1 streams in
+// while tile t is computed. Consumers meet at two barriers per tile (row maxima traded / P
+// written). Cache slots past the sequence end (NaN in unused slots, stale data past the last
+// page) are zeroed in shared memory before use, so masked keys multiply finite zeros.
+// Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
+// guards that keep a row without keys at output 0 and LSE -inf.
+// Epilogue: one split writes the 16-bit output and LSE directly; several splits write fp32
+// partial outputs and base-2 LSEs to the workspace for the combine kernel.
+// Limits: head dim 576 / value dim 512 fixed; rows tiled by 64 (rows past the end are zero
+// queries whose keys are all masked).
+#pragma once
+
+#include "kernels/sm90/dense_decode/split_kernel.cuh"
+#include "kernels/sm90/tma.cuh"
+#include "kernels/sm90/wgmma.cuh"
+
+namespace openmla::kernels::sm90 {
+
+constexpr int kConsumerThreads = 256;                               // two warpgroups
+constexpr int kWarpgroupThreads = kConsumerThreads + 128;           // + the producer warpgroup
+// Registers per thread after the role split (setmaxnreg): 2 x 128 x 232 + 128 x 40 <= 64 K.
+// The consumers hold 128 fp32 output accumulators each; the producer needs a handful.
+constexpr int kConsumerRegisters = 232, kProducerRegisters = 40;
+constexpr int kWarpgroupKeys = 64;                                  // keys per tile
+constexpr int kDimBlocks = kHeadDim / 64;                           // 9 swizzled blocks per tile
+constexpr int kTileBlockBytes = kDimBlocks * kSwizzleBlockBytes;    // 72 KB: Q, or 64 keys x 576
+constexpr int kRawFp8StageBytes = kWarpgroupKeys * kHeadDim;        // 36 KB
+constexpr int kProbabilityBlockBytes = kSwizzleBlockBytes;          // P: 64 rows x 64 keys
+
+// Byte offsets of the shared-memory regions (from a 1024-byte aligned base).
+template <bool kFp8Cache>
+struct WarpgroupLayout {
+  static constexpr int kQuery = 0;
+  static constexpr int kKeys = kTileBlockBytes;  // stage 0 (16-bit) or the math tile (fp8)
+  static constexpr int kRaw = kKeys + (kFp8Cache ? kTileBlockBytes : 0);
+  static constexpr int kProbabilities = kKeys + 2 * (kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes) +
+                                        (kFp8Cache ? kTileBlockBytes : 0);
+  static constexpr int kExchange = kProbabilities + kProbabilityBlockBytes;  // [2][64] floats
+  static constexpr int kBarriers = kExchange + 2 * kRowsPerTile * 4;  // full[2], empty[2]
+  static constexpr int kBytes = kBarriers + 4 * 8;
+  static constexpr int kLaunchBytes = kBytes + 1024;  // slack to align the base by hand
+};
+
+// Byte offset of 16-bit element (line, dim) of a 64-line tile stored as 9 swizzled blocks of
+// 64 dims (Q with line = query row, keys with line = token).
+__device__ __forceinline__ int tile_offset(int line, int dim) {
+  return (dim / 64) * kSwizzleBlockBytes + swizzled_offset(line, dim % 64);
+}
+
+// Lines [first, 64) of this warpgroup's 32 key lines of a 16-bit tile set to zero (keys past
+// the sequence end), by the warpgroup's 128 threads.
+__device__ __forceinline__ void zero_key_lines(uint8_t* tile, int warpgroup, int first, int thread) {
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per line
+  const int begin = max(first, 32 * warpgroup);
+  for (int unit = thread; unit < (32 * warpgroup + 32 - begin) * kChunks; unit += 128) {
+    const int line = begin + unit / kChunks;
+    *reinterpret_cast<uint4*>(tile + tile_offset(line, (unit % kChunks) * 8)) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// This warpgroup's 32 key lines of an FP8 raw stage (9 blocks of [64 lines][64 bytes], as the
+// TMA lands them) -> the 16-bit swizzled math tile, exactly; lines >= valid become zeros.
+template <bool kHalf>
+__device__ __forceinline__ void widen_key_lines(const uint8_t* raw, uint8_t* tile, int warpgroup, int valid,
+                                                int thread) {
+  constexpr int kUnits = 32 * kHeadDim / 8;  // 8 values per unit
+  for (int unit = thread; unit < kUnits; unit += 128) {
+    const int line = 32 * warpgroup + unit / (kHeadDim / 8), dim = (unit % (kHeadDim / 8)) * 8;
+    const uint2 bytes = *reinterpret_cast<const uint2*>(raw + (dim / 64) * 4096 + line * 64 + dim % 64);
+    *reinterpret_cast<uint4*>(tile + tile_offset(line, dim)) =
+        line < valid ? widen_fp8x8<kHalf>(bytes) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Q rows of this tile into the swizzled layout as 16-bit values (fp8 q widened exactly; rows
+// past the tile's end are zeros).
+template <bool kHalf, bool kFp8Q>
+__device__ __forceinline__ void load_query_block(const SplitArgs& args, int batch_index, int first_row,
+                                                 int rows_here, uint8_t* query) {
+  constexpr int kUnits = kRowsPerTile * kHeadDim / 8;
+  for (int unit = threadIdx.x; unit < kUnits; unit += kConsumerThreads) {
+    const int row = unit / (kHeadDim / 8), dim = (unit % (kHeadDim / 8)) * 8;
+    uint4 packed = make_uint4(0, 0, 0, 0);
+    if (row < rows_here) {
+      const int m = first_row + row;
+      const int64_t offset =
+          batch_index * args.q_batch + (m / args.heads) * args.q_token + (m % args.heads) * args.q_head + dim;
+      if constexpr (kFp8Q) {
+        packed = widen_fp8x8<kHalf>(*reinterpret_cast<const uint2*>(args.q + offset));
+      } else {
+        packed = *reinterpret_cast<const uint4*>(args.q + 2 * offset);
+      }
+    }
+    *reinterpret_cast<uint4*>(query + tile_offset(row, dim)) = packed;
+  }
+}
+
+// Keeps the compiler from moving reads of wgmma accumulators above the wait that makes them
+// valid (the wait names no registers).
+template <int kCount>
+__device__ __forceinline__ void fence_accumulators(float (&values)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(values[i])::"memory");
+}
+
+// Resizes this warpgroup's register allocation (all its threads call it together).
+template <int kCount, bool kIncrease>
+__device__ __forceinline__ void set_register_count() {
+  if constexpr (kIncrease) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kCount));
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCount));
+  }
+}
+
+// The 256 consumer threads only (the producer warp is not part of it).
+__device__ __forceinline__ void sync_consumers() { sync_named(1, kConsumerThreads); }
+
+__device__ __forceinline__ uint64_t advance_descriptor(uint64_t descriptor, int bytes) {
+  return descriptor + uint64_t(bytes >> 4);  // the start address field, in 16-byte units
+}
+
+// The producer: one thread walks the split's tiles, waits until the consumers have released
+// the stage, reads the block-table entries of the tile's pages (only pages that hold keys of the
+// sequence: entries past its end may be garbage) and issues one TMA box per 64 dims per page.
+template <bool kFp8Cache>
+__device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
+                                                  const int32_t* table_row, const KeyRange& range,
+                                                  uint8_t* stages, uint64_t* full, uint64_t* empty) {
+  constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;
+  constexpr int kLineBytes = kFp8Cache ? 64 : 128;  // one box line: 64 dims
+  const int box_tokens = min(1 << args.page_shift, kWarpgroupKeys);
+  for (int tile = 0; tile < range.tiles; ++tile) {
+    const int stage = tile % 2;
+    if (tile >= 2) mbarrier_wait(&empty[stage], (tile / 2 - 1) % 2);
+    const int first_key = range.begin + tile * kWarpgroupKeys;
+    const int boxes = (min(kWarpgroupKeys, range.length - first_key) + box_tokens - 1) / box_tokens;
+    mbarrier_arrive_expect_bytes(&full[stage], uint32_t(boxes * kDimBlocks * box_tokens * kLineBytes));
+    uint8_t* destination = stages + stage * kStageBytes;
+    for (int box = 0; box < boxes; ++box) {
+      const int key = first_key + box * box_tokens;
+      const int page = table_row[key >> args.page_shift];
+      const int token = key & ((1 << args.page_shift) - 1);
+#pragma unroll
+      for (int block = 0; block < kDimBlocks; ++block) {
+        tma_load_box(destination + block * (kWarpgroupKeys * kLineBytes) + box * box_tokens * kLineBytes, cache_map,
+                     block * 64, token, page, &full[stage]);
+      }
+    }
+  }
+}
+
+template <bool kHalf, bool kFp8Q, bool kFp8Cache>
+__global__ void __launch_bounds__(kWarpgroupThreads, 1)
+    dense_decode_warpgroup_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
+  using Layout = WarpgroupLayout<kFp8Cache>;
+  extern __shared__ uint8_t raw_shared[];
+  // The swizzle pattern is a function of address bits 4-9: every block starts 1024-aligned.
+  // (Offsetting raw_shared, not casting an integer, keeps the accesses in the shared space.)
+  uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
+  uint8_t* query = shared + Layout::kQuery;
+  uint8_t* probabilities = shared + Layout::kProbabilities;
+  float* exchange = reinterpret_cast<float*>(shared + Layout::kExchange);  // [warpgroup][row]
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);  // [2]
+  uint64_t* empty = full + 2;                                               // [2]
+  constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;
+  uint8_t* stages = shared + (kFp8Cache ? Layout::kRaw : Layout::kKeys);
+
+  const int tile_index = blockIdx.x, split = blockIdx.y, batch_index = blockIdx.z;
+  const int first_row = tile_index * kRowsPerTile;
+  const int rows_here = min(kRowsPerTile, args.rows - first_row);
+  const KeyRange range = split_key_range<kWarpgroupKeys>(args, batch_index, split, first_row, rows_here);
+  const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
+  if (finish_empty_split(args, range, split, batch_index, first_row, rows_here)) return;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(&full[0], 1);
+    mbarrier_init(&full[1], 1);
+    mbarrier_init(&empty[0], kConsumerThreads);
+    mbarrier_init(&empty[1], kConsumerThreads);
+    fence_barrier_init();
+  }
+  __syncthreads();  // the last barrier of all threads: the producer warpgroup leaves after its loop
+  if (threadIdx.x >= kConsumerThreads) {
+    set_register_count<kProducerRegisters, false>();
+    if (threadIdx.x == kConsumerThreads) {
+      produce_key_tiles<kFp8Cache>(&cache_map, args, table_row, range, stages, full, empty);
+    }
+    return;
+  }
+  set_register_count<kConsumerRegisters, true>();
+
+  load_query_block<kHalf, kFp8Q>(args, batch_index, first_row, rows_here, query);
+  fence_shared_for_async_proxy();
+  sync_consumers();
+
+  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int thread_in_warpgroup = threadIdx.x % 128;
+  // Accumulator rows of this thread (wgmma D layout): row0 and row0 + 8 ("half" 0 and 1).
+  const int row0 = 16 * warp + lane / 4;
+  int visible[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) visible[half] = row_visible_end(args, range, first_row, row0 + 8 * half, rows_here);
+
+  float output[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) output[i] = 0.0f;
+  float running_max[2] = {-INFINITY, -INFINITY};
+  float running_sum[2] = {0.0f, 0.0f};  // over this warpgroup's keys only
+
+  const uint64_t query_descriptor = make_descriptor(query, 16, 1024);
+  const uint64_t probability_descriptor = make_descriptor(probabilities, 16, 1024);
+  uint8_t* keys = kFp8Cache ? shared + Layout::kKeys : nullptr;
+
+  for (int tile = 0; tile < range.tiles; ++tile) {
+    const int stage = tile % 2;
+    const int first_key = range.begin + tile * kWarpgroupKeys;
+    const int valid = range.length - first_key;  // key lines of the tile inside the sequence
+    mbarrier_wait(&full[stage], (tile / 2) % 2);
+    if constexpr (kFp8Cache) {
+      sync_consumers();  // both warpgroups are done with the math tile (O += P V of tile - 1)
+      widen_key_lines<kHalf>(stages + stage * kStageBytes, keys, warpgroup, valid, thread_in_warpgroup);
+      mbarrier_arrive(&empty[stage]);  // the raw stage is consumed
+      fence_shared_for_async_proxy();
+      sync_named(2 + warpgroup, 128);
+    } else {
+      keys = stages + stage * kStageBytes;
+      if (valid < kWarpgroupKeys) {  // the sequence's last tile: clear the slots past its end
+        zero_key_lines(keys, warpgroup, valid, thread_in_warpgroup);
+        fence_shared_for_async_proxy();
+        sync_named(2 + warpgroup, 128);
+      }
+    }
+
+    // S = Q K^T for this warpgroup's 32 keys.
+    float scores[16];
+    const uint64_t key_descriptor = make_descriptor(keys + warpgroup * 32 * 128, 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kHeadDim / 16; ++k) {
+      const int offset = (k / 4) * kSwizzleBlockBytes + (k % 4) * 32;
+      wgmma_64x32x16<kHalf>(scores, advance_descriptor(query_descriptor, offset),
+                            advance_descriptor(key_descriptor, offset), k > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(scores);
+
+    // Online softmax in base 2; score i of this thread is row row0 + 8 ((i / 2) % 2), key
+    // 8 (i / 4) + 2 (lane % 4) + i % 2 of the warpgroup's 32.
+    const int first_own_key = first_key + warpgroup * 32;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int half = (i / 2) % 2;
+      const int key = first_own_key + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+      scores[i] = key < visible[half] ? scores[i] * args.logit_scale_log2 : -INFINITY;
+      tile_max[half] = fmaxf(tile_max[half], scores[i]);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
+      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
+      if (lane % 4 == 0) exchange[warpgroup * kRowsPerTile + row0 + 8 * half] = tile_max[half];
+    }
+    // Both warpgroups' maxima are in; also, both finished O += P V of the previous tile, so P
+    // may be overwritten.
+    sync_consumers();
+    float rescale[2], reference[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float other = exchange[(1 - warpgroup) * kRowsPerTile + row0 + 8 * half];
+      const float new_max = fmaxf(running_max[half], fmaxf(tile_max[half], other));
+      // A row that has seen no key yet keeps max -inf; subtracting 0 then keeps exp2 at 0.
+      reference[half] = new_max == -INFINITY ? 0.0f : new_max;
+      rescale[half] = exp2f(running_max[half] - reference[half]);
+      running_max[half] = new_max;
+      running_sum[half] *= rescale[half];
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+      const int half = (i / 2) % 2;
+      const float first = exp2f(scores[i] - reference[half]);
+      const float second = exp2f(scores[i + 1] - reference[half]);
+      running_sum[half] += first + second;
+      const int row = row0 + 8 * half, key = warpgroup * 32 + 8 * (i / 4) + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(probabilities + swizzled_offset(row, key)) = pack_two<kHalf>(first, second);
+    }
+#pragma unroll
+    for (int i = 0; i < 128; ++i) output[i] *= rescale[(i / 2) % 2];
+    fence_shared_for_async_proxy();
+    sync_consumers();  // both halves of P written (and, FP8, both halves of the math tile)
+
+    // O += P V for this warpgroup's 256 value columns (4 swizzled blocks of 64 dims; a k step
+    // of 16 keys is 16 lines = 2048 bytes).
+    const uint64_t value_descriptor =
+        make_descriptor(keys + warpgroup * 4 * kSwizzleBlockBytes, kSwizzleBlockBytes, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kWarpgroupKeys / 16; ++k) {
+      wgmma_64x256x16_b_n_major<kHalf>(output, advance_descriptor(probability_descriptor, 32 * k),
+                                       advance_descriptor(value_descriptor, 2048 * k), true);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(output);
+    if constexpr (!kFp8Cache) mbarrier_arrive(&empty[stage]);
+  }
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    running_sum[half] += __shfl_xor_sync(0xffffffffu, running_sum[half], 1);
+    running_sum[half] += __shfl_xor_sync(0xffffffffu, running_sum[half], 2);
+  }
+  sync_consumers();  // the last tile's reads of the exchange are done
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (lane % 4 == 0) exchange[warpgroup * kRowsPerTile + row0 + 8 * half] = running_sum[half];
+  }
+  sync_consumers();  // each warpgroup summed only its own keys: add the other's
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + 8 * half;
+    const float sum = running_sum[half] + exchange[(1 - warpgroup) * kRowsPerTile + row];
+    if (row >= rows_here) continue;
+    const int m = first_row + row;
+    const bool empty_row = sum == 0.0f;
+    const float normalizer = empty_row ? 0.0f : args.value_scale / sum;
+    const float lse2 = empty_row ? -INFINITY : running_max[half] + log2f(sum);
+#pragma unroll
+    for (int i = 2 * half; i < 128; i += 4) {
+      store_value_pair(args, split, batch_index, m, warpgroup * 256 + 8 * (i / 4) + 2 * (lane % 4),
+                       output[i] * normalizer, output[i + 1] * normalizer, empty_row);
+    }
+    if (warpgroup == 0 && lane % 4 == 0) store_row_lse(args, split, batch_index, m, lse2);
+  }
+}
+
+}  // namespace openmla::kernels::sm90

@@ -1,0 +1,56 @@
+// Hopper bulk-copy vocabulary: the tensor memory accelerator (TMA) loading boxes of a paged KV
+// cache into shared memory, and the mbarriers that say when they have landed and when a stage
+// may be refilled. Used by the producer warp of dense_decode/warpgroup_kernel.cuh.
+//
+// A paged cache [pages, page_size, 576] is described to the TMA as a 3-D tensor (dim, token,
+// page). One box is 64 dims x `box_tokens` tokens of one page; for 16-bit caches the box lands
+// in the 128-byte swizzled layout that wgmma reads (wgmma.cuh), for FP8 caches it lands plain.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/async_copy.cuh"
+
+namespace openmla::kernels::sm90 {
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* barrier, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(arrivals) : "memory");
+}
+// Makes the initialised barriers visible to the TMA unit (the async proxy) and other threads.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also announces `bytes` of TMA traffic the current phase must wait for.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint64_t* barrier, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(barrier)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(barrier)) : "memory");
+}
+// Blocks until the phase with parity `parity` has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_again:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_again;\n}\n" ::"r"(shared_address(barrier)),
+      "r"(parity)
+      : "memory");
+}
+
+// TMA: box at coordinates (dim, token, page) of `map` -> shared `destination`; completion is
+// counted in bytes on `barrier`.
+__device__ __forceinline__ void tma_load_box(void* destination, const CUtensorMap* map, int dim, int token,
+                                             int page, uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(shared_address(destination)),
+      "l"(map), "r"(dim), "r"(token), "r"(page), "r"(shared_address(barrier))
+      : "memory");
+}
+
+}  // namespace openmla::kernels::sm90
