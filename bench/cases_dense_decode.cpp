@@ -48,6 +48,7 @@ struct DecodeShape {
   int64_t heads = 16;            // Hq
   std::vector<int32_t> lengths;  // seq_lens, one per request (B = lengths.size())
   bool graph_replay = false;
+  bool pdl = false;  // DenseDecodeParams::enable_pdl
 };
 
 int64_t pages_of(int64_t length) { return (length + kPageSize - 1) / kPageSize; }
@@ -103,6 +104,7 @@ Case dense_decode_case(const DecodeShape& shape, Format format) {
       params.seq_lens = in.upload(shape.lengths, {batch});
       params.softmax_scale = 1.0f / std::sqrt(float(kHeadDim));
       params.causal = shape.query_tokens > 1;
+      params.enable_pdl = shape.pdl;
       params.out = in.output(DType::kBFloat16, {batch, shape.query_tokens, shape.heads, kLatentDim});
       params.lse = in.output(DType::kFloat32, {batch, shape.query_tokens, shape.heads});
       params.workspace = in.output(DType::kUInt8, {int64_t(dense_decode_workspace_size(params))});
@@ -146,8 +148,16 @@ void add_dense_decode_cases(std::vector<Case>& cases) {
   std::uniform_int_distribution<int32_t> length(4096, 32768);
   for (int32_t& request_length : varlen.lengths) request_length = length(rng);
   shapes.push_back(varlen);
-  for (int64_t batch : {1, 2, 4}) shapes.push_back(uniform_shape("D4", batch, 1, 16, 4096, true));
-  shapes.push_back(uniform_shape("D5", 1, 1, 16, 32768, true));
+  // The latency cases also with programmatic dependent launch (case name ends in "pdl").
+  for (bool pdl : {false, true}) {
+    for (int64_t batch : {1, 2, 4}) shapes.push_back(uniform_shape("D4", batch, 1, 16, 4096, true));
+    shapes.push_back(uniform_shape("D5", 1, 1, 16, 32768, true));
+    if (!pdl) continue;
+    for (size_t i = shapes.size() - 4; i < shapes.size(); ++i) {
+      shapes[i].pdl = true;
+      shapes[i].name += " pdl";
+    }
+  }
 
   for (Format format : {Format::kBf16, Format::kFp8Cache}) {
     for (const DecodeShape& shape : shapes) cases.push_back(dense_decode_case(shape, format));

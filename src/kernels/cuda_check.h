@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <utility>
 
 #include "openmla/error.h"
 
@@ -20,6 +21,25 @@ inline void check_cuda(cudaError_t status, const char* op, const char* what) {
 // Call right after a <<<...>>> launch: reports a bad configuration at once (asynchronous
 // faults surface at the caller's next synchronisation, as usual in CUDA).
 inline void check_launch(const char* op) { check_cuda(cudaGetLastError(), op, "kernel launch"); }
+
+// Launches `kernel` and checks the launch. With `programmatic` (programmatic dependent launch,
+// sm_90), the kernel may begin while the previous kernel in the stream finishes; it must call
+// griddepcontrol.wait (kernels/sm90/launch_dependencies.cuh) before reading that kernel's output.
+template <typename... Parameters, typename... Arguments>
+void launch_kernel(const char* op, void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared_bytes,
+                   cudaStream_t stream, bool programmatic, Arguments&&... arguments) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Arguments>(arguments)...), op, "kernel launch");
+}
 
 inline cudaStream_t as_cuda_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 

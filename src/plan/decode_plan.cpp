@@ -15,10 +15,27 @@ DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t h
   DenseDecodePlan plan;
   const int64_t rows = query_tokens * heads;
   plan.row_tiles = (rows + kDecodeRowsPerTile - 1) / kDecodeRowsPerTile;
-  const int64_t ctas_without_split = std::max<int64_t>(1, batch * plan.row_tiles);
-  const int64_t wanted = (2 * int64_t(std::max(sm_count, 1)) + ctas_without_split - 1) /
-                         ctas_without_split;
-  plan.splits = std::clamp<int64_t>(wanted, 1, kMaxDecodeSplits);
+  const int64_t ctas = std::max<int64_t>(1, batch * plan.row_tiles);
+  const int64_t sms = std::max(sm_count, 1);
+  if (ctas <= sms) {
+    // One wave: as many splits as fit (the kernel runs one CTA per SM).
+    plan.splits = std::clamp<int64_t>(sms / ctas, 1, kMaxDecodeSplits);
+    return plan;
+  }
+  // Several waves: the fewest splits whose last wave is >= 90% full (splits cost partial
+  // outputs and a combine step), else the best-filled of 1..8.
+  auto fill = [&](int64_t splits) {
+    const int64_t total = ctas * splits;
+    return double(total) / double((total + sms - 1) / sms * sms);
+  };
+  plan.splits = 1;
+  for (int64_t splits = 1; splits <= 8; ++splits) {
+    if (fill(splits) >= 0.9) {
+      plan.splits = splits;
+      return plan;
+    }
+    if (fill(splits) > fill(plan.splits)) plan.splits = splits;
+  }
   return plan;
 }
 

@@ -9,8 +9,6 @@
 
 #include "openmla/tensor.h"
 
-#include "openmla/tensor.h"
-
 namespace openmla {
 
 // Upper bound on how many KV splits one (request, row tile) is cut into. The split kernels
@@ -27,7 +25,9 @@ struct DenseDecodePlan {
   int64_t splits = 1;     // KV splits per request; 1 = no combine step
 };
 
-// Enough CTAs to fill the GPU about twice (sm_count * 2), capped at kMaxDecodeSplits.
+// Splits so that the (request, row tile, split) CTAs fill whole waves of one CTA per SM: one
+// wave when the requests alone do not fill the GPU, else the fewest splits with a >= 90% full
+// last wave.
 DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t heads,
                                   int sm_count);
 

@@ -4,10 +4,12 @@
 // over its own keys): L = log2(sum_i 2^l_i), out = sum_i 2^(l_i - L) O_i, written as bf16 with
 // the LSE in the requested base. Splits with l_i = -inf (no keys) are never read; a row whose
 // splits are all empty gets output 0 and LSE -inf; a NaN in any split makes the row NaN.
-// Tiling: one 128-thread block per row; each thread owns 4 of the 512 value columns (one
-// 16-byte load per split), the split weights are computed redundantly by every thread from
-// the (L1-broadcast) LSEs, which costs far less than the row's loads. Splits are read in
-// batches of 8 with all loads in flight together.
+// Tiling: one 512-thread block per row. First every split's LSE is read at once (one per
+// thread) and the weights 2^(l_i - max) go to shared memory; then 4 groups of 128 threads
+// each take every 4th non-empty split, a thread owning 4 of the 512 value columns (one 16-byte
+// load per split, all of a group's loads in flight together), and the groups' sums are added
+// in shared memory. A row's time is then about two memory latencies, whatever the split count
+// (a loop over splits in turn was bound by latency: ~25 us for one request with 128 splits).
 // Limits: splits <= kMaxDecodeSplits; value dim 512.
 #pragma once
 
@@ -16,11 +18,16 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/sm90/launch_dependencies.cuh"
 #include "openmla/numerics.h"
+#include "plan/decode_plan.h"
 
 namespace openmla::kernels::sm90 {
 
-constexpr int kCombineThreads = kLatentDim / 4;
+constexpr int kCombineColumnThreads = kLatentDim / 4;  // 4 value columns each
+constexpr int kCombineGroups = 4;
+constexpr int kCombineThreads = kCombineColumnThreads * kCombineGroups;
+static_assert(kCombineThreads >= kMaxDecodeSplits, "one LSE per thread");
 
 struct CombineArgs {
   const float* partial_out;  // [split][batch][rows][512]
@@ -33,55 +40,81 @@ struct CombineArgs {
   bool lse_base2;
 };
 
-// Splits are read kSplitBatch at a time, all loads of a batch issued before any is used: with
-// one row per block and up to kMaxDecodeSplits splits, a loop that waits on each load in turn
-// was bound by memory latency (tens of microseconds for one request).
-constexpr int kSplitBatch = 8;
+// Order-preserving map of floats to ints (for an integer atomicMax), and back.
+__device__ __forceinline__ int float_order_key(float value) {
+  const int bits = __float_as_int(value);
+  return bits >= 0 ? bits : bits ^ 0x7fffffff;
+}
+__device__ __forceinline__ float float_from_order_key(int key) {
+  return __int_as_float(key >= 0 ? key : key ^ 0x7fffffff);
+}
 
 __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(CombineArgs args) {
+  __shared__ float weights[kMaxDecodeSplits];  // 2^(l_i - max), 0 for an empty split
+  __shared__ int max_key, has_nan;
+  __shared__ float4 group_sums[kCombineGroups - 1][kCombineColumnThreads];
+  wait_for_previous_grid();  // PDL: the split kernel's partial results are complete and visible
+
   const int batch_index = blockIdx.x / args.rows, m = blockIdx.x % args.rows;
   const int64_t split_stride = int64_t(args.batch) * args.rows;
   const int64_t row = int64_t(batch_index) * args.rows + m;
-  float max_lse = -INFINITY;
-  for (int first = 0; first < args.splits; first += kSplitBatch) {
-    float lses[kSplitBatch];
-#pragma unroll
-    for (int i = 0; i < kSplitBatch; ++i) {
-      lses[i] = first + i < args.splits ? args.partial_lse[(first + i) * split_stride + row] : -INFINITY;
-    }
-#pragma unroll
-    for (int i = 0; i < kSplitBatch; ++i) {
-      // NaN stays NaN (fmaxf alone would drop it and turn a NaN row into an empty one), so
-      // the output and LSE are NaN, as with one split and in the CPU reference.
-      max_lse = isnan(lses[i]) || isnan(max_lse) ? NAN : fmaxf(max_lse, lses[i]);
-    }
+  const int thread = threadIdx.x;
+  const float split_lse = thread < args.splits ? args.partial_lse[thread * split_stride + row] : -INFINITY;
+  if (thread == 0) {
+    max_key = float_order_key(-INFINITY);
+    has_nan = 0;
   }
+  __syncthreads();
+  // NaN poisons the row (output and LSE NaN, as with one split and in the CPU reference).
+  if (isnan(split_lse)) {
+    has_nan = 1;
+  } else if (split_lse != -INFINITY) {
+    atomicMax(&max_key, float_order_key(split_lse));
+  }
+  __syncthreads();
+  const float max_lse = has_nan ? NAN : float_from_order_key(max_key);
+  // A split without keys has LSE -inf and an unwritten output: weight 0, never read.
+  if (thread < args.splits) weights[thread] = split_lse == -INFINITY || has_nan ? 0.0f : exp2f(split_lse - max_lse);
+  __syncthreads();
+
+  // Group g sums splits g, g + 4, ...: a fixed order, so the result is the same every run.
+  const int group = thread / kCombineColumnThreads, column_thread = thread % kCombineColumnThreads;
   float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float weight_sum = 0.0f;
-  if (max_lse != -INFINITY) {
-    for (int first = 0; first < args.splits; first += kSplitBatch) {
-      float weights[kSplitBatch];
-      float4 parts[kSplitBatch];
+  constexpr int kInFlight = 8;
+  for (int first = group; first < args.splits; first += kCombineGroups * kInFlight) {
+    float4 parts[kInFlight];
 #pragma unroll
-      for (int i = 0; i < kSplitBatch; ++i) {
-        const float split_lse =
-            first + i < args.splits ? args.partial_lse[(first + i) * split_stride + row] : -INFINITY;
-        // A split without keys has LSE -inf and an unwritten output: weight 0, never read.
-        weights[i] = split_lse == -INFINITY ? 0.0f : exp2f(split_lse - max_lse);
-        parts[i] = weights[i] > 0.0f ? reinterpret_cast<const float4*>(
-                                           args.partial_out + ((first + i) * split_stride + row) * kLatentDim)[threadIdx.x]
-                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
+    for (int i = 0; i < kInFlight; ++i) {
+      const int split = first + kCombineGroups * i;
+      parts[i] = split < args.splits && weights[split] > 0.0f
+                     ? reinterpret_cast<const float4*>(args.partial_out +
+                                                       (split * split_stride + row) * kLatentDim)[column_thread]
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
 #pragma unroll
-      for (int i = 0; i < kSplitBatch; ++i) {
-        sum.x += weights[i] * parts[i].x;
-        sum.y += weights[i] * parts[i].y;
-        sum.z += weights[i] * parts[i].z;
-        sum.w += weights[i] * parts[i].w;
-        weight_sum += weights[i];
-      }
+    for (int i = 0; i < kInFlight; ++i) {
+      const int split = first + kCombineGroups * i;
+      const float weight = split < args.splits ? weights[split] : 0.0f;
+      sum.x += weight * parts[i].x;
+      sum.y += weight * parts[i].y;
+      sum.z += weight * parts[i].z;
+      sum.w += weight * parts[i].w;
     }
   }
+  if (group > 0) group_sums[group - 1][column_thread] = sum;
+  __syncthreads();
+  if (group > 0) return;
+#pragma unroll
+  for (int other = 0; other < kCombineGroups - 1; ++other) {
+    const float4 part = group_sums[other][column_thread];
+    sum.x += part.x;
+    sum.y += part.y;
+    sum.z += part.z;
+    sum.w += part.w;
+  }
+  float weight_sum = 0.0f;
+  for (int split = 0; split < args.splits; ++split) weight_sum += weights[split];
+  if (has_nan) sum = make_float4(NAN, NAN, NAN, NAN);
   const float inverse = weight_sum == 0.0f ? 0.0f : 1.0f / weight_sum;
   const int token = m / args.heads, head = m % args.heads;
   uint16_t* out = args.out + batch_index * args.out_batch + token * args.out_token + head * args.out_head;
@@ -90,9 +123,9 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(C
   uint2 packed;
   packed.x = *reinterpret_cast<uint32_t*>(&low);
   packed.y = *reinterpret_cast<uint32_t*>(&high);
-  *reinterpret_cast<uint2*>(out + 4 * threadIdx.x) = packed;
-  if (args.lse != nullptr && threadIdx.x == 0) {
-    const float lse2 = weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
+  *reinterpret_cast<uint2*>(out + 4 * column_thread) = packed;
+  if (args.lse != nullptr && column_thread == 0) {
+    const float lse2 = has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
     args.lse[batch_index * args.lse_batch + token * args.lse_token + head * args.lse_head] =
         args.lse_base2 ? lse2 : lse2 * 0.6931471805599453f;
   }

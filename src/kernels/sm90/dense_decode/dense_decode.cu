@@ -75,14 +75,14 @@ CUtensorMap make_cache_map(const TensorView& cache, bool fp8) {
 }
 
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
-void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid, cudaStream_t stream) {
+void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid, cudaStream_t stream,
+                  bool programmatic) {
   constexpr int bytes = WarpgroupLayout<kFp8Cache>::kLaunchBytes;
   auto kernel = dense_decode_warpgroup_kernel<kHalf, kFp8Q, kFp8Cache>;
   // Not a stream operation: allowed during graph capture, and cheap enough to repeat.
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), kOp,
              "cudaFuncSetAttribute");
-  kernel<<<grid, kWarpgroupThreads, bytes, stream>>>(cache_map, args);
-  check_launch(kOp);
+  launch_kernel(kOp, kernel, grid, dim3(kWarpgroupThreads), bytes, stream, programmatic, cache_map, args);
 }
 
 }  // namespace
@@ -150,13 +150,13 @@ void dense_decode(const DenseDecodeParams& params) {
   const cudaStream_t stream = as_cuda_stream(params.stream);
   const CUtensorMap cache_map = make_cache_map(cache, fp8_cache);
   if (half) {
-    launch_split<true, false, false>(cache_map, args, grid, stream);
+    launch_split<true, false, false>(cache_map, args, grid, stream, params.enable_pdl);
   } else if (fp8_q) {
-    launch_split<false, true, true>(cache_map, args, grid, stream);
+    launch_split<false, true, true>(cache_map, args, grid, stream, params.enable_pdl);
   } else if (fp8_cache) {
-    launch_split<false, false, true>(cache_map, args, grid, stream);
+    launch_split<false, false, true>(cache_map, args, grid, stream, params.enable_pdl);
   } else {
-    launch_split<false, false, false>(cache_map, args, grid, stream);
+    launch_split<false, false, false>(cache_map, args, grid, stream, params.enable_pdl);
   }
 
   if (plan.splits > 1) {
@@ -176,8 +176,8 @@ void dense_decode(const DenseDecodeParams& params) {
     combine.lse_token = args.lse_token;
     combine.lse_head = args.lse_head;
     combine.lse_base2 = args.lse_base2;
-    dense_decode_combine_kernel<<<unsigned(int64_t(batch) * args.rows), kCombineThreads, 0, stream>>>(combine);
-    check_launch(kOp);
+    launch_kernel(kOp, dense_decode_combine_kernel, dim3(unsigned(int64_t(batch) * args.rows)), dim3(kCombineThreads), 0,
+                  stream, params.enable_pdl, combine);
   }
 }
 

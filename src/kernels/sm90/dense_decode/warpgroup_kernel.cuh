@@ -32,7 +32,8 @@
 // queries whose keys are all masked).
 #pragma once
 
-#include "kernels/sm90/dense_decode/split_kernel.cuh"
+#include "kernels/sm90/dense_decode/split_common.cuh"
+#include "kernels/sm90/launch_dependencies.cuh"
 #include "kernels/sm90/tma.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
@@ -40,10 +41,12 @@ namespace openmla::kernels::sm90 {
 
 constexpr int kConsumerThreads = 256;                               // two warpgroups
 constexpr int kWarpgroupThreads = kConsumerThreads + 128;           // + the producer warpgroup
-// Registers per thread after the role split (setmaxnreg): 2 x 128 x 232 + 128 x 40 <= 64 K.
+// Registers per thread after the role split (setmaxnreg): 2 x 128 x 240 + 128 x 24 <= 64 K.
 // The consumers hold 128 fp32 output accumulators each; the producer needs a handful.
-constexpr int kConsumerRegisters = 232, kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
 constexpr int kWarpgroupKeys = 64;                                  // keys per tile
+constexpr int kRegisterQuerySteps = 16;                             // of S's 36 k steps
+constexpr int kSharedQuerySteps = kHeadDim / 16 - kRegisterQuerySteps;
 constexpr int kDimBlocks = kHeadDim / 64;                           // 9 swizzled blocks per tile
 constexpr int kTileBlockBytes = kDimBlocks * kSwizzleBlockBytes;    // 72 KB: Q, or 64 keys x 576
 constexpr int kRawFp8StageBytes = kWarpgroupKeys * kHeadDim;        // 36 KB
@@ -95,25 +98,58 @@ __device__ __forceinline__ void widen_key_lines(const uint8_t* raw, uint8_t* til
 }
 
 // Q rows of this tile into the swizzled layout as 16-bit values (fp8 q widened exactly; rows
-// past the tile's end are zeros).
+// past the tile's end are zeros), by the 256 consumer threads. All of a thread's loads are in
+// flight at once (cp.async, or a register batch for fp8): Q is every CTA's fixed cost.
 template <bool kHalf, bool kFp8Q>
 __device__ __forceinline__ void load_query_block(const SplitArgs& args, int batch_index, int first_row,
                                                  int rows_here, uint8_t* query) {
-  constexpr int kUnits = kRowsPerTile * kHeadDim / 8;
-  for (int unit = threadIdx.x; unit < kUnits; unit += kConsumerThreads) {
+  constexpr int kUnitsPerThread = kRowsPerTile * kHeadDim / 8 / kConsumerThreads;  // 18 units of 8 dims
+  int64_t offsets[kUnitsPerThread];
+#pragma unroll
+  for (int j = 0; j < kUnitsPerThread; ++j) {
+    const int unit = threadIdx.x + j * kConsumerThreads;
     const int row = unit / (kHeadDim / 8), dim = (unit % (kHeadDim / 8)) * 8;
-    uint4 packed = make_uint4(0, 0, 0, 0);
-    if (row < rows_here) {
-      const int m = first_row + row;
-      const int64_t offset =
-          batch_index * args.q_batch + (m / args.heads) * args.q_token + (m % args.heads) * args.q_head + dim;
-      if constexpr (kFp8Q) {
-        packed = widen_fp8x8<kHalf>(*reinterpret_cast<const uint2*>(args.q + offset));
+    const int m = first_row + row;
+    offsets[j] = row < rows_here ? batch_index * args.q_batch + (m / args.heads) * args.q_token +
+                                       (m % args.heads) * args.q_head + dim
+                                 : -1;
+  }
+  if constexpr (kFp8Q) {
+    uint2 bytes[kUnitsPerThread];
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      bytes[j] = offsets[j] >= 0 ? *reinterpret_cast<const uint2*>(args.q + offsets[j]) : make_uint2(0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      const int unit = threadIdx.x + j * kConsumerThreads;
+      *reinterpret_cast<uint4*>(query + tile_offset(unit / (kHeadDim / 8), (unit % (kHeadDim / 8)) * 8)) =
+          widen_fp8x8<kHalf>(bytes[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      const int unit = threadIdx.x + j * kConsumerThreads;
+      uint8_t* destination = query + tile_offset(unit / (kHeadDim / 8), (unit % (kHeadDim / 8)) * 8);
+      if (offsets[j] >= 0) {
+        copy_async_16(destination, args.q + 2 * offsets[j]);
       } else {
-        packed = *reinterpret_cast<const uint4*>(args.q + 2 * offset);
+        *reinterpret_cast<uint4*>(destination) = make_uint4(0, 0, 0, 0);
       }
     }
-    *reinterpret_cast<uint4*>(query + tile_offset(row, dim)) = packed;
+    commit_async_copies();
+    wait_async_copies<0>();
+  }
+}
+
+// The m64k16 A fragment of Q for k step `step` (dims 16 step ..), as wgmma takes A from
+// registers: warp w of the warpgroup holds rows 16 w + lane / 4 (+ 8), dims 2 (lane % 4) (+ 8).
+__device__ __forceinline__ void query_fragment(const uint8_t* query, int step, int warp, int lane,
+                                               uint32_t (&fragment)[4]) {
+  const int row = 16 * warp + lane / 4, dim = 16 * step + 2 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    fragment[i] = *reinterpret_cast<const uint32_t*>(query + tile_offset(row + 8 * (i % 2), dim + 8 * (i / 2)));
   }
 }
 
@@ -188,6 +224,11 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 1)
   constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;
   uint8_t* stages = shared + (kFp8Cache ? Layout::kRaw : Layout::kKeys);
 
+  // PDL: inputs may come from the previous kernel in the stream; and the combine kernel may be
+  // scheduled now (it waits for this whole grid before reading).
+  wait_for_previous_grid();
+  allow_next_grid();
+
   const int tile_index = blockIdx.x, split = blockIdx.y, batch_index = blockIdx.z;
   const int first_row = tile_index * kRowsPerTile;
   const int rows_here = min(kRowsPerTile, args.rows - first_row);
@@ -230,6 +271,14 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 1)
   float running_max[2] = {-INFINITY, -INFINITY};
   float running_sum[2] = {0.0f, 0.0f};  // over this warpgroup's keys only
 
+  // The last kRegisterQuerySteps k steps of S take Q from registers: with both operands in
+  // shared memory an m64n32k16 reads 3 KB per 16 tensor cycles, more than shared memory's
+  // 128 B/cycle, so S would be bandwidth-bound; 64 registers of Q bring it to ~1 KB per step.
+  uint32_t query_registers[kRegisterQuerySteps][4];
+#pragma unroll
+  for (int step = 0; step < kRegisterQuerySteps; ++step) {
+    query_fragment(query, kSharedQuerySteps + step, warp, lane, query_registers[step]);
+  }
   const uint64_t query_descriptor = make_descriptor(query, 16, 1024);
   const uint64_t probability_descriptor = make_descriptor(probabilities, 16, 1024);
   uint8_t* keys = kFp8Cache ? shared + Layout::kKeys : nullptr;
@@ -261,8 +310,13 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 1)
 #pragma unroll
     for (int k = 0; k < kHeadDim / 16; ++k) {
       const int offset = (k / 4) * kSwizzleBlockBytes + (k % 4) * 32;
-      wgmma_64x32x16<kHalf>(scores, advance_descriptor(query_descriptor, offset),
-                            advance_descriptor(key_descriptor, offset), k > 0);
+      if (k < kSharedQuerySteps) {
+        wgmma_64x32x16<kHalf>(scores, advance_descriptor(query_descriptor, offset),
+                              advance_descriptor(key_descriptor, offset), k > 0);
+      } else {
+        wgmma_64x32x16_a_registers<kHalf>(scores, query_registers[k - kSharedQuerySteps],
+                                          advance_descriptor(key_descriptor, offset), true);
+      }
     }
     wgmma_commit();
     wgmma_wait<0>();

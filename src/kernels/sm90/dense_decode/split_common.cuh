@@ -1,0 +1,160 @@
+// Dense MLA decode: what every split of the attention kernel shares with the launcher and the
+// combine step: the kernel arguments, the per-split key range (derived on the device from
+// seq_lens, so a captured graph replays correctly with new lengths), causal visibility, the
+// epilogue stores (direct bf16 output for one split, fp32 partials + base-2 LSE for several),
+// and small conversions.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "openmla/numerics.h"
+
+namespace openmla::kernels::sm90 {
+
+constexpr int kRowsPerTile = 64;  // query rows per CTA (Sq x Hq folded, row m = s * Hq + h)
+constexpr float kLog2e = 1.4426950408889634f;
+// A split gets at least one 64-key tile: below that a CTA's fixed cost (Q, pipeline fill)
+// outweighs its work; short requests then leave the last splits empty (they exit at once).
+constexpr int kMinKeysPerSplit = 64;
+
+struct SplitArgs {
+  const uint8_t* q;  // element strides below are in q's own element size
+  int64_t q_batch, q_token, q_head;
+  const uint8_t* cache;
+  int64_t cache_page_bytes, cache_token_bytes;
+  const int32_t* block_table;
+  int64_t block_table_row;
+  const int32_t* seq_lens;
+  int64_t seq_lens_stride;
+  int page_shift;
+  int query_tokens, heads, rows;  // rows = query_tokens * heads
+  int splits;
+  bool causal;
+  float logit_scale_log2;  // softmax_scale * q_descale * kv_scale * log2(e)
+  float value_scale;       // kv_scale for an fp8 cache, else 1
+  // Direct output (splits == 1).
+  uint16_t* out;
+  int64_t out_batch, out_token, out_head;
+  float* lse;  // null when not requested
+  int64_t lse_batch, lse_token, lse_head;
+  bool lse_base2;
+  // Split outputs (splits > 1): [split][batch][rows][512] and [split][batch][rows], base 2.
+  float* partial_out;
+  float* partial_lse;
+  int batch;
+};
+
+template <bool kFp8Cache>
+constexpr int cache_bytes_per_token() {
+  return kFp8Cache ? kHeadDim : 2 * kHeadDim;
+}
+
+// Barrier among `thread_count` threads (whole warps) on named barrier `id` (0 is __syncthreads').
+__device__ __forceinline__ void sync_named(int id, int thread_count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(thread_count) : "memory");
+}
+
+// Two floats as one register of two 16-bit values (round to nearest even).
+template <bool kHalf>
+__device__ __forceinline__ uint32_t pack_two(float first, float second) {
+  if constexpr (kHalf) {
+    __half2 packed = __floats2half2_rn(first, second);
+    return *reinterpret_cast<uint32_t*>(&packed);
+  } else {
+    __nv_bfloat162 packed = __floats2bfloat162_rn(first, second);
+    return *reinterpret_cast<uint32_t*>(&packed);
+  }
+}
+
+// 8 FP8 E4M3 values -> 8 16-bit values (exact: every e4m3 value is a bf16 and an fp16 value).
+template <bool kHalf>
+__device__ __forceinline__ uint4 widen_fp8x8(uint2 bytes) {
+  uint32_t packed[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t word = w < 2 ? bytes.x : bytes.y;
+    const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> (16 * (w % 2))), __NV_E4M3);
+    const float2 values = __half22float2(*reinterpret_cast<const __half2*>(&pair));
+    packed[w] = pack_two<kHalf>(values.x, values.y);
+  }
+  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+// The tile's key range for this split: keys [begin, end) of the request, cut into `splits`
+// chunks of whole key tiles (kTileKeys), and limited (causal) to what the tile's last row can see.
+struct KeyRange {
+  int length, begin, end, tiles;
+};
+template <int kTileKeys>
+__device__ __forceinline__ KeyRange split_key_range(const SplitArgs& args, int batch_index, int split,
+                                                    int first_row, int rows_here) {
+  KeyRange range;
+  range.length = args.seq_lens[batch_index * args.seq_lens_stride];
+  const int last_token = (first_row + rows_here - 1) / args.heads;
+  const int visible_max = args.causal ? min(range.length, range.length - args.query_tokens + last_token + 1)
+                                      : range.length;
+  const int per_split =
+      (max((range.length + args.splits - 1) / args.splits, kMinKeysPerSplit) + kTileKeys - 1) / kTileKeys * kTileKeys;
+  range.begin = split * per_split;
+  range.end = min(visible_max, range.begin + per_split);
+  range.tiles = range.end > range.begin ? (range.end - range.begin + kTileKeys - 1) / kTileKeys : 0;
+  return range;
+}
+
+// Keys query row `row` (tile-local) may attend to: [.., visible) within the split's range.
+__device__ __forceinline__ int row_visible_end(const SplitArgs& args, const KeyRange& range, int first_row,
+                                               int row, int rows_here) {
+  if (row >= rows_here) return 0;
+  const int token = (first_row + row) / args.heads;
+  return args.causal ? min(range.end, range.length - args.query_tokens + token + 1) : range.end;
+}
+
+// Two consecutive output values (already normalised) of row m at `column`: bf16 into out when
+// there is one split, fp32 into the split's partial row otherwise (skipped for an empty row:
+// the combine step never reads the output of a split whose LSE is -inf).
+__device__ __forceinline__ void store_value_pair(const SplitArgs& args, int split, int batch_index, int m,
+                                                 int column, float first, float second, bool empty) {
+  if (args.splits == 1) {
+    uint16_t* out = args.out + batch_index * args.out_batch + (m / args.heads) * args.out_token +
+                    (m % args.heads) * args.out_head + column;
+    *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(first, second);
+  } else if (!empty) {
+    const int64_t partial_row = (int64_t(split) * args.batch + batch_index) * args.rows + m;
+    *reinterpret_cast<float2*>(args.partial_out + partial_row * kLatentDim + column) = make_float2(first, second);
+  }
+}
+
+// The row's LSE (base 2 in): into lse in the requested base, or the split's partial LSE.
+__device__ __forceinline__ void store_row_lse(const SplitArgs& args, int split, int batch_index, int m,
+                                              float lse2) {
+  if (args.splits == 1) {
+    if (args.lse != nullptr) {
+      args.lse[batch_index * args.lse_batch + (m / args.heads) * args.lse_token + (m % args.heads) * args.lse_head] =
+          args.lse_base2 ? lse2 : lse2 / kLog2e;
+    }
+  } else {
+    args.partial_lse[(int64_t(split) * args.batch + batch_index) * args.rows + m] = lse2;
+  }
+}
+
+// A split without keys for any row of the tile: LSE -inf and (one split) output 0 for its rows,
+// without loading anything. Returns true when the CTA is done.
+__device__ __forceinline__ bool finish_empty_split(const SplitArgs& args, const KeyRange& range, int split,
+                                                   int batch_index, int first_row, int rows_here) {
+  if (range.tiles > 0) return false;
+  for (int index = threadIdx.x; index < rows_here * (kLatentDim / 2); index += blockDim.x) {
+    const int row = index / (kLatentDim / 2), column = 2 * (index % (kLatentDim / 2));
+    store_value_pair(args, split, batch_index, first_row + row, column, 0.0f, 0.0f, true);
+  }
+  for (int row = threadIdx.x; row < rows_here; row += blockDim.x) {
+    store_row_lse(args, split, batch_index, first_row + row, -INFINITY);
+  }
+  return true;
+}
+
+}  // namespace openmla::kernels::sm90
