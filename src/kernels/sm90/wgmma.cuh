@@ -1,6 +1,6 @@
 // Hopper warpgroup MMA (wgmma) vocabulary: shared-memory matrix descriptors for the 128-byte
 // swizzled layouts, and the m64nNk16 BF16 instructions with fp32 accumulators, for the
-// decode kernel (dense_decode/warpgroup_kernel.cuh); tests/cpp/wgmma_gpu_test.cu checks the
+// decode kernels (dense_decode/wide_kernel.cuh, narrow_kernel.cuh); tests/cpp/wgmma_gpu_test.cu checks the
 // layouts against a CPU product.
 //
 // Layout (both majors): a tile is stored as 8 KB blocks of 64 x 64 16-bit values, 128 bytes per
@@ -49,6 +49,50 @@ __device__ __forceinline__ void wgmma_wait() {
 
 // The wrappers below are generated (one per shape; kHalf picks fp16 over bf16 inputs):
 // accumulate = false overwrites D. Scales are +1; A is K-major.
+// D (64 x 16, 8 registers) += A (K-major) * B (K-major, [n][k]): S^T = K Q^T for 16 query rows.
+template <bool kHalf>
+__device__ __forceinline__ void wgmma_64x16x16(float (&d)[8], uint64_t a, uint64_t b, bool accumulate) {
+  if constexpr (kHalf) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "%8, %9, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(a), "l"(b), "r"(int(accumulate)));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "%8, %9, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(a), "l"(b), "r"(int(accumulate)));
+  }
+}
+
+// D (64 x 16) += A (M-major: [k][m], tnspA = 1) * B (K-major): O^T = V^T P^T, V stored [key][dim].
+template <bool kHalf>
+__device__ __forceinline__ void wgmma_64x16x16_a_m_major(float (&d)[8], uint64_t a, uint64_t b, bool accumulate) {
+  if constexpr (kHalf) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "%8, %9, p, 1, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(a), "l"(b), "r"(int(accumulate)));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "%8, %9, p, 1, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(a), "l"(b), "r"(int(accumulate)));
+  }
+}
+
 // D (64 x 32, 16 registers) += A (K-major) * B (K-major, [n][k]): S for 32 keys.
 template <bool kHalf>
 __device__ __forceinline__ void wgmma_64x32x16(float (&d)[16], uint64_t a, uint64_t b, bool accumulate) {

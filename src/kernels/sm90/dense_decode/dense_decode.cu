@@ -1,10 +1,9 @@
-// Dense MLA decode on Hopper: the launcher. Picks the kernel (narrow for <= 16 query rows, else
-// 64-row tiles) and the instantiation for the dtypes, plans the
-// split-KV grid from shapes alone (plan/decode_plan.h), launches the split kernel and, when
-// the plan has several splits, the combine kernel. Nothing here reads device memory or
-// synchronises, so a call captures into a CUDA graph and replays with new seq_lens and block
-// tables. Kernels: split_kernel.cuh and narrow_kernel.cuh (attention per split),
-// combine_kernel.cuh (the merge).
+// Dense MLA decode on Hopper: the launcher. Picks the kernel (narrow_kernel.cuh for <= 16
+// query rows, wide_kernel.cuh for 64-row tiles) and the instantiation for the dtypes, describes
+// the cache to the TMA, plans the split-KV grid from shapes alone (plan/decode_plan.h), and
+// launches the attention kernel and, when the plan has several splits, the combine kernel
+// (combine_kernel.cuh). Nothing here reads device memory or synchronises, so a call captures
+// into a CUDA graph and replays with new seq_lens and block tables.
 #include "kernels/sm90/dense_decode/dense_decode.h"
 
 #include <cuda.h>
@@ -16,7 +15,8 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/sm90/dense_decode/combine_kernel.cuh"
-#include "kernels/sm90/dense_decode/warpgroup_kernel.cuh"
+#include "kernels/sm90/dense_decode/narrow_kernel.cuh"
+#include "kernels/sm90/dense_decode/wide_kernel.cuh"
 #include "plan/decode_plan.h"
 
 namespace openmla::kernels::sm90 {
@@ -58,7 +58,7 @@ CUtensorMap make_cache_map(const TensorView& cache, bool fp8) {
   const int64_t page_size = cache.size(1);
   const cuuint64_t sizes[3] = {cuuint64_t(kHeadDim), cuuint64_t(page_size), cuuint64_t(cache.size(0))};
   const cuuint64_t strides[2] = {cuuint64_t(cache.stride(1) * element), cuuint64_t(cache.stride(0) * element)};
-  const cuuint32_t box[3] = {64, cuuint32_t(std::min<int64_t>(page_size, 64)), 1};
+  const cuuint32_t box[3] = {64, cuuint32_t(std::min<int64_t>(page_size, kTileKeys)), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   CUtensorMap map{};
   const CUresult result =
@@ -77,12 +77,15 @@ CUtensorMap make_cache_map(const TensorView& cache, bool fp8) {
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid, cudaStream_t stream,
                   bool programmatic) {
-  constexpr int bytes = WarpgroupLayout<kFp8Cache>::kLaunchBytes;
-  auto kernel = dense_decode_warpgroup_kernel<kHalf, kFp8Q, kFp8Cache>;
+  // <= 16 query rows: the transposed kernel (rows as wgmma's N); else 64-row tiles.
+  const bool narrow = args.rows <= kNarrowRows;
+  const int bytes = narrow ? NarrowLayout<kFp8Cache>::kLaunchBytes : WideLayout<kFp8Cache>::kLaunchBytes;
+  auto kernel = narrow ? dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache> : dense_decode_wide_kernel<kHalf, kFp8Q, kFp8Cache>;
   // Not a stream operation: allowed during graph capture, and cheap enough to repeat.
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), kOp,
              "cudaFuncSetAttribute");
-  launch_kernel(kOp, kernel, grid, dim3(kWarpgroupThreads), bytes, stream, programmatic, cache_map, args);
+  launch_kernel(kOp, kernel, grid, dim3(narrow ? kNarrowThreads : kWideThreads), bytes, stream, programmatic,
+                cache_map, args);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Dense MLA decode, split-KV attention kernel on Hopper warpgroup MMA (wgmma).
+// Dense MLA decode, split-KV attention kernel on Hopper warpgroup MMA (wgmma), for more than 16
+// query rows (the narrow kernel takes <= 16: narrow_kernel.cuh).
 //
 // What: for one request b, one tile of 64 query rows and one KV split, the softmax attention of
 // the rows over the split's keys: S = Q K^T (576 dims), P = softmax(S), O = P V (V = the first
@@ -9,7 +10,8 @@
 // the consumers).
 // Tiling: key tiles of 64 tokens.
 // - S: warpgroup w computes the 64 x 32 scores of keys 32 w .. 32 w + 31 (wgmma m64n32k16,
-//   36 steps over the 576 dims, Q and K both read from shared memory).
+//   36 steps over the 576 dims; K from shared memory, Q from shared memory for the first 20
+//   steps and from registers for the last 16, which keeps S under shared memory's bandwidth).
 // - softmax: both warpgroups trade their row maxima through shared memory, so both rescale by
 //   the same factor, and write their half of P (16-bit) to shared memory.
 // - O += P V: warpgroup w owns value columns 256 w .. 256 w + 255 (wgmma m64n256k16, 128 fp32
@@ -18,12 +20,10 @@
 // Shared memory (all operands in 128-byte swizzled 64 x 64 blocks, see wgmma.cuh): Q 72 KB,
 // two key stages of 72 KB (16-bit cache) or one 72 KB math tile + two raw 36 KB stages (FP8
 // cache, widened exactly to 16 bits per tile), P 8 KB: ~225 KB, one CTA per SM.
-// Pipeline: one thread of the producer warp walks the block table and issues TMA boxes (one
-// per 64 dims x min(page, 64) tokens) into two stages; a "full" mbarrier per stage counts the
-// bytes in, an "empty" one the 256 consumer threads done with it, so tile t + 1 streams in
-// while tile t is computed. Consumers meet at two barriers per tile (row maxima traded / P
-// written). Cache slots past the sequence end (NaN in unused slots, stale data past the last
-// page) are zeroed in shared memory before use, so masked keys multiply finite zeros.
+// Pipeline: one thread of the producer warpgroup streams key tiles with the TMA into two stages
+// (key_tiles.cuh); a "full" mbarrier per stage counts the bytes in, an "empty" one the 256
+// consumer threads done with it, so tile t + 1 streams in while tile t is computed. Consumers
+// meet at two barriers per tile (row maxima traded / P written).
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
 // guards that keep a row without keys at output 0 and LSE -inf.
 // Epilogue: one split writes the 16-bit output and LSE directly; several splits write fp32
@@ -32,29 +32,24 @@
 // queries whose keys are all masked).
 #pragma once
 
+#include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
 #include "kernels/sm90/launch_dependencies.cuh"
-#include "kernels/sm90/tma.cuh"
-#include "kernels/sm90/wgmma.cuh"
 
 namespace openmla::kernels::sm90 {
 
-constexpr int kConsumerThreads = 256;                               // two warpgroups
-constexpr int kWarpgroupThreads = kConsumerThreads + 128;           // + the producer warpgroup
+constexpr int kConsumerThreads = 256;                // two warpgroups
+constexpr int kWideThreads = kConsumerThreads + 128;  // + the producer warpgroup
 // Registers per thread after the role split (setmaxnreg): 2 x 128 x 240 + 128 x 24 <= 64 K.
 // The consumers hold 128 fp32 output accumulators each; the producer needs a handful.
 constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
-constexpr int kWarpgroupKeys = 64;                                  // keys per tile
 constexpr int kRegisterQuerySteps = 16;                             // of S's 36 k steps
 constexpr int kSharedQuerySteps = kHeadDim / 16 - kRegisterQuerySteps;
-constexpr int kDimBlocks = kHeadDim / 64;                           // 9 swizzled blocks per tile
-constexpr int kTileBlockBytes = kDimBlocks * kSwizzleBlockBytes;    // 72 KB: Q, or 64 keys x 576
-constexpr int kRawFp8StageBytes = kWarpgroupKeys * kHeadDim;        // 36 KB
 constexpr int kProbabilityBlockBytes = kSwizzleBlockBytes;          // P: 64 rows x 64 keys
 
 // Byte offsets of the shared-memory regions (from a 1024-byte aligned base).
 template <bool kFp8Cache>
-struct WarpgroupLayout {
+struct WideLayout {
   static constexpr int kQuery = 0;
   static constexpr int kKeys = kTileBlockBytes;  // stage 0 (16-bit) or the math tile (fp8)
   static constexpr int kRaw = kKeys + (kFp8Cache ? kTileBlockBytes : 0);
@@ -65,82 +60,6 @@ struct WarpgroupLayout {
   static constexpr int kBytes = kBarriers + 4 * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;  // slack to align the base by hand
 };
-
-// Byte offset of 16-bit element (line, dim) of a 64-line tile stored as 9 swizzled blocks of
-// 64 dims (Q with line = query row, keys with line = token).
-__device__ __forceinline__ int tile_offset(int line, int dim) {
-  return (dim / 64) * kSwizzleBlockBytes + swizzled_offset(line, dim % 64);
-}
-
-// Lines [first, 64) of this warpgroup's 32 key lines of a 16-bit tile set to zero (keys past
-// the sequence end), by the warpgroup's 128 threads.
-__device__ __forceinline__ void zero_key_lines(uint8_t* tile, int warpgroup, int first, int thread) {
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per line
-  const int begin = max(first, 32 * warpgroup);
-  for (int unit = thread; unit < (32 * warpgroup + 32 - begin) * kChunks; unit += 128) {
-    const int line = begin + unit / kChunks;
-    *reinterpret_cast<uint4*>(tile + tile_offset(line, (unit % kChunks) * 8)) = make_uint4(0, 0, 0, 0);
-  }
-}
-
-// This warpgroup's 32 key lines of an FP8 raw stage (9 blocks of [64 lines][64 bytes], as the
-// TMA lands them) -> the 16-bit swizzled math tile, exactly; lines >= valid become zeros.
-template <bool kHalf>
-__device__ __forceinline__ void widen_key_lines(const uint8_t* raw, uint8_t* tile, int warpgroup, int valid,
-                                                int thread) {
-  constexpr int kUnits = 32 * kHeadDim / 8;  // 8 values per unit
-  for (int unit = thread; unit < kUnits; unit += 128) {
-    const int line = 32 * warpgroup + unit / (kHeadDim / 8), dim = (unit % (kHeadDim / 8)) * 8;
-    const uint2 bytes = *reinterpret_cast<const uint2*>(raw + (dim / 64) * 4096 + line * 64 + dim % 64);
-    *reinterpret_cast<uint4*>(tile + tile_offset(line, dim)) =
-        line < valid ? widen_fp8x8<kHalf>(bytes) : make_uint4(0, 0, 0, 0);
-  }
-}
-
-// Q rows of this tile into the swizzled layout as 16-bit values (fp8 q widened exactly; rows
-// past the tile's end are zeros), by the 256 consumer threads. All of a thread's loads are in
-// flight at once (cp.async, or a register batch for fp8): Q is every CTA's fixed cost.
-template <bool kHalf, bool kFp8Q>
-__device__ __forceinline__ void load_query_block(const SplitArgs& args, int batch_index, int first_row,
-                                                 int rows_here, uint8_t* query) {
-  constexpr int kUnitsPerThread = kRowsPerTile * kHeadDim / 8 / kConsumerThreads;  // 18 units of 8 dims
-  int64_t offsets[kUnitsPerThread];
-#pragma unroll
-  for (int j = 0; j < kUnitsPerThread; ++j) {
-    const int unit = threadIdx.x + j * kConsumerThreads;
-    const int row = unit / (kHeadDim / 8), dim = (unit % (kHeadDim / 8)) * 8;
-    const int m = first_row + row;
-    offsets[j] = row < rows_here ? batch_index * args.q_batch + (m / args.heads) * args.q_token +
-                                       (m % args.heads) * args.q_head + dim
-                                 : -1;
-  }
-  if constexpr (kFp8Q) {
-    uint2 bytes[kUnitsPerThread];
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) {
-      bytes[j] = offsets[j] >= 0 ? *reinterpret_cast<const uint2*>(args.q + offsets[j]) : make_uint2(0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) {
-      const int unit = threadIdx.x + j * kConsumerThreads;
-      *reinterpret_cast<uint4*>(query + tile_offset(unit / (kHeadDim / 8), (unit % (kHeadDim / 8)) * 8)) =
-          widen_fp8x8<kHalf>(bytes[j]);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) {
-      const int unit = threadIdx.x + j * kConsumerThreads;
-      uint8_t* destination = query + tile_offset(unit / (kHeadDim / 8), (unit % (kHeadDim / 8)) * 8);
-      if (offsets[j] >= 0) {
-        copy_async_16(destination, args.q + 2 * offsets[j]);
-      } else {
-        *reinterpret_cast<uint4*>(destination) = make_uint4(0, 0, 0, 0);
-      }
-    }
-    commit_async_copies();
-    wait_async_copies<0>();
-  }
-}
 
 // The m64k16 A fragment of Q for k step `step` (dims 16 step ..), as wgmma takes A from
 // registers: warp w of the warpgroup holds rows 16 w + lane / 4 (+ 8), dims 2 (lane % 4) (+ 8).
@@ -153,65 +72,13 @@ __device__ __forceinline__ void query_fragment(const uint8_t* query, int step, i
   }
 }
 
-// Keeps the compiler from moving reads of wgmma accumulators above the wait that makes them
-// valid (the wait names no registers).
-template <int kCount>
-__device__ __forceinline__ void fence_accumulators(float (&values)[kCount]) {
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(values[i])::"memory");
-}
-
-// Resizes this warpgroup's register allocation (all its threads call it together).
-template <int kCount, bool kIncrease>
-__device__ __forceinline__ void set_register_count() {
-  if constexpr (kIncrease) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kCount));
-  } else {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCount));
-  }
-}
-
-// The 256 consumer threads only (the producer warp is not part of it).
+// The 256 consumer threads only (the producer warpgroup is not part of it).
 __device__ __forceinline__ void sync_consumers() { sync_named(1, kConsumerThreads); }
 
-__device__ __forceinline__ uint64_t advance_descriptor(uint64_t descriptor, int bytes) {
-  return descriptor + uint64_t(bytes >> 4);  // the start address field, in 16-byte units
-}
-
-// The producer: one thread walks the split's tiles, waits until the consumers have released
-// the stage, reads the block-table entries of the tile's pages (only pages that hold keys of the
-// sequence: entries past its end may be garbage) and issues one TMA box per 64 dims per page.
-template <bool kFp8Cache>
-__device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
-                                                  const int32_t* table_row, const KeyRange& range,
-                                                  uint8_t* stages, uint64_t* full, uint64_t* empty) {
-  constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;
-  constexpr int kLineBytes = kFp8Cache ? 64 : 128;  // one box line: 64 dims
-  const int box_tokens = min(1 << args.page_shift, kWarpgroupKeys);
-  for (int tile = 0; tile < range.tiles; ++tile) {
-    const int stage = tile % 2;
-    if (tile >= 2) mbarrier_wait(&empty[stage], (tile / 2 - 1) % 2);
-    const int first_key = range.begin + tile * kWarpgroupKeys;
-    const int boxes = (min(kWarpgroupKeys, range.length - first_key) + box_tokens - 1) / box_tokens;
-    mbarrier_arrive_expect_bytes(&full[stage], uint32_t(boxes * kDimBlocks * box_tokens * kLineBytes));
-    uint8_t* destination = stages + stage * kStageBytes;
-    for (int box = 0; box < boxes; ++box) {
-      const int key = first_key + box * box_tokens;
-      const int page = table_row[key >> args.page_shift];
-      const int token = key & ((1 << args.page_shift) - 1);
-#pragma unroll
-      for (int block = 0; block < kDimBlocks; ++block) {
-        tma_load_box(destination + block * (kWarpgroupKeys * kLineBytes) + box * box_tokens * kLineBytes, cache_map,
-                     block * 64, token, page, &full[stage]);
-      }
-    }
-  }
-}
-
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
-__global__ void __launch_bounds__(kWarpgroupThreads, 1)
-    dense_decode_warpgroup_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
-  using Layout = WarpgroupLayout<kFp8Cache>;
+__global__ void __launch_bounds__(kWideThreads, 1)
+    dense_decode_wide_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
+  using Layout = WideLayout<kFp8Cache>;
   extern __shared__ uint8_t raw_shared[];
   // The swizzle pattern is a function of address bits 4-9: every block starts 1024-aligned.
   // (Offsetting raw_shared, not casting an integer, keeps the accesses in the shared space.)
@@ -232,17 +99,11 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 1)
   const int tile_index = blockIdx.x, split = blockIdx.y, batch_index = blockIdx.z;
   const int first_row = tile_index * kRowsPerTile;
   const int rows_here = min(kRowsPerTile, args.rows - first_row);
-  const KeyRange range = split_key_range<kWarpgroupKeys>(args, batch_index, split, first_row, rows_here);
+  const KeyRange range = split_key_range<kTileKeys>(args, batch_index, split, first_row, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, first_row, rows_here)) return;
 
-  if (threadIdx.x == 0) {
-    mbarrier_init(&full[0], 1);
-    mbarrier_init(&full[1], 1);
-    mbarrier_init(&empty[0], kConsumerThreads);
-    mbarrier_init(&empty[1], kConsumerThreads);
-    fence_barrier_init();
-  }
+  init_stage_barriers(full, empty, kConsumerThreads);
   __syncthreads();  // the last barrier of all threads: the producer warpgroup leaves after its loop
   if (threadIdx.x >= kConsumerThreads) {
     set_register_count<kProducerRegisters, false>();
@@ -253,7 +114,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 1)
   }
   set_register_count<kConsumerRegisters, true>();
 
-  load_query_block<kHalf, kFp8Q>(args, batch_index, first_row, rows_here, query);
+  load_query_tile<kHalf, kFp8Q, kRowsPerTile, kConsumerThreads>(args, batch_index, first_row, rows_here, query);
   fence_shared_for_async_proxy();
   sync_consumers();
 
@@ -285,19 +146,20 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 1)
 
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % 2;
-    const int first_key = range.begin + tile * kWarpgroupKeys;
+    const int first_key = range.begin + tile * kTileKeys;
     const int valid = range.length - first_key;  // key lines of the tile inside the sequence
     mbarrier_wait(&full[stage], (tile / 2) % 2);
     if constexpr (kFp8Cache) {
       sync_consumers();  // both warpgroups are done with the math tile (O += P V of tile - 1)
-      widen_key_lines<kHalf>(stages + stage * kStageBytes, keys, warpgroup, valid, thread_in_warpgroup);
+      widen_key_lines<kHalf>(stages + stage * kStageBytes, keys, 32 * warpgroup, 32 * warpgroup + 32, valid,
+                             thread_in_warpgroup, 128);
       mbarrier_arrive(&empty[stage]);  // the raw stage is consumed
       fence_shared_for_async_proxy();
       sync_named(2 + warpgroup, 128);
     } else {
       keys = stages + stage * kStageBytes;
-      if (valid < kWarpgroupKeys) {  // the sequence's last tile: clear the slots past its end
-        zero_key_lines(keys, warpgroup, valid, thread_in_warpgroup);
+      if (valid < kTileKeys) {  // the sequence's last tile: clear the slots past its end
+        zero_key_lines(keys, 32 * warpgroup, 32 * warpgroup + 32, valid, thread_in_warpgroup, 128);
         fence_shared_for_async_proxy();
         sync_named(2 + warpgroup, 128);
       }
@@ -362,8 +224,11 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 1)
       const int row = row0 + 8 * half, key = warpgroup * 32 + 8 * (i / 4) + 2 * (lane % 4);
       *reinterpret_cast<uint32_t*>(probabilities + swizzled_offset(row, key)) = pack_two<kHalf>(first, second);
     }
+    // Once the row maxima settle (most tiles) the factors are 1: skip the 128 multiplies.
+    if (rescale[0] != 1.0f || rescale[1] != 1.0f) {
 #pragma unroll
-    for (int i = 0; i < 128; ++i) output[i] *= rescale[(i / 2) % 2];
+      for (int i = 0; i < 128; ++i) output[i] *= rescale[(i / 2) % 2];
+    }
     fence_shared_for_async_proxy();
     sync_consumers();  // both halves of P written (and, FP8, both halves of the math tile)
 
@@ -373,7 +238,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 1)
         make_descriptor(keys + warpgroup * 4 * kSwizzleBlockBytes, kSwizzleBlockBytes, 1024);
     wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kWarpgroupKeys / 16; ++k) {
+    for (int k = 0; k < kTileKeys / 16; ++k) {
       wgmma_64x256x16_b_n_major<kHalf>(output, advance_descriptor(probability_descriptor, 32 * k),
                                        advance_descriptor(value_descriptor, 2048 * k), true);
     }

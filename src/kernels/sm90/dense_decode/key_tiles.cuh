@@ -1,0 +1,169 @@
+// Dense MLA decode: the key tiles both attention kernels (wide_kernel.cuh, narrow_kernel.cuh)
+// stream, and the small pieces of tensor-core plumbing they share.
+//
+// A key tile is 64 tokens x 576 dims. 16-bit tiles live in shared memory as 9 blocks of 64
+// dims, each [64 lines][128 bytes] with the 128-byte swizzle (wgmma.cuh): K-major for S (line =
+// key) and, read N/M-major, V for the output. The producer (one thread) walks the block table
+// and issues one TMA box per 64 dims x min(page, 64) tokens; FP8 caches land plain (9 blocks
+// of [64 lines][64 bytes]) and are widened exactly to 16 bits by the consumers. Slots past the
+// sequence end are zeroed in shared memory before use (unused cache slots may hold NaN, pages
+// past the end are never read), so masked keys multiply finite zeros.
+#pragma once
+
+#include "kernels/sm90/dense_decode/split_common.cuh"
+#include "kernels/sm90/tma.cuh"
+#include "kernels/sm90/wgmma.cuh"
+
+namespace openmla::kernels::sm90 {
+
+constexpr int kTileKeys = 64;                                     // keys per tile
+constexpr int kDimBlocks = kHeadDim / 64;                         // 9 swizzled blocks per tile
+constexpr int kTileBlockBytes = kDimBlocks * kSwizzleBlockBytes;  // 72 KB: 64 lines x 576
+constexpr int kRawFp8StageBytes = kTileKeys * kHeadDim;           // 36 KB
+
+// Byte offset of 16-bit element (line, dim) of a tile of kLines lines stored as 9 swizzled
+// blocks of 64 dims (key tiles and the wide kernel's Q: 64 lines; the narrow kernel's Q: 16).
+template <int kLines = kTileKeys>
+__device__ __forceinline__ int tile_offset(int line, int dim) {
+  return (dim / 64) * (kLines * 128) + swizzled_offset(line, dim % 64);
+}
+
+// Key lines [max(first_invalid, begin), end) of a 16-bit tile set to zero, by `threads` threads.
+__device__ __forceinline__ void zero_key_lines(uint8_t* tile, int begin, int end, int first_invalid, int thread,
+                                               int threads) {
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per line
+  begin = max(begin, first_invalid);
+  for (int unit = thread; unit < (end - begin) * kChunks; unit += threads) {
+    const int line = begin + unit / kChunks;
+    *reinterpret_cast<uint4*>(tile + tile_offset(line, (unit % kChunks) * 8)) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Key lines [begin, end) of an FP8 raw stage -> the 16-bit swizzled math tile, exactly; lines
+// >= valid become zeros. By `threads` threads.
+template <bool kHalf>
+__device__ __forceinline__ void widen_key_lines(const uint8_t* raw, uint8_t* tile, int begin, int end, int valid,
+                                                int thread, int threads) {
+  constexpr int kUnitsPerLine = kHeadDim / 8;  // 8 values per unit
+  for (int unit = thread; unit < (end - begin) * kUnitsPerLine; unit += threads) {
+    const int line = begin + unit / kUnitsPerLine, dim = (unit % kUnitsPerLine) * 8;
+    const uint2 bytes = *reinterpret_cast<const uint2*>(raw + (dim / 64) * (kTileKeys * 64) + line * 64 + dim % 64);
+    *reinterpret_cast<uint4*>(tile + tile_offset(line, dim)) =
+        line < valid ? widen_fp8x8<kHalf>(bytes) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// The tile's query rows into the swizzled layout (kLines lines) as 16-bit values, by `kThreads`
+// threads (fp8 q widened exactly; rows past rows_here are zeros). All of a thread's loads are
+// in flight at once (cp.async, or a register batch for fp8): Q is every CTA's fixed cost.
+template <bool kHalf, bool kFp8Q, int kLines, int kThreads>
+__device__ __forceinline__ void load_query_tile(const SplitArgs& args, int batch_index, int first_row,
+                                                int rows_here, uint8_t* query) {
+  constexpr int kUnitsPerLine = kHeadDim / 8;
+  constexpr int kUnitsPerThread = kLines * kUnitsPerLine / kThreads;
+  static_assert(kUnitsPerThread * kThreads == kLines * kUnitsPerLine, "whole units per thread");
+  int64_t offsets[kUnitsPerThread];
+#pragma unroll
+  for (int j = 0; j < kUnitsPerThread; ++j) {
+    const int unit = threadIdx.x + j * kThreads;
+    const int row = unit / kUnitsPerLine, dim = (unit % kUnitsPerLine) * 8;
+    const int m = first_row + row;
+    offsets[j] = row < rows_here ? batch_index * args.q_batch + (m / args.heads) * args.q_token +
+                                       (m % args.heads) * args.q_head + dim
+                                 : -1;
+  }
+  if constexpr (kFp8Q) {
+    uint2 bytes[kUnitsPerThread];
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      bytes[j] = offsets[j] >= 0 ? *reinterpret_cast<const uint2*>(args.q + offsets[j]) : make_uint2(0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      const int unit = threadIdx.x + j * kThreads;
+      *reinterpret_cast<uint4*>(query + tile_offset<kLines>(unit / kUnitsPerLine, (unit % kUnitsPerLine) * 8)) =
+          widen_fp8x8<kHalf>(bytes[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      const int unit = threadIdx.x + j * kThreads;
+      uint8_t* destination = query + tile_offset<kLines>(unit / kUnitsPerLine, (unit % kUnitsPerLine) * 8);
+      if (offsets[j] >= 0) {
+        copy_async_16(destination, args.q + 2 * offsets[j]);
+      } else {
+        *reinterpret_cast<uint4*>(destination) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    commit_async_copies();
+    wait_async_copies<0>();
+  }
+}
+
+// The producer: one thread walks the split's tiles, waits until the consumers have released
+// the stage (2 stages), reads the block-table entries of the tile's pages (only pages that
+// hold keys of the sequence: entries past its end may be garbage) and issues one TMA box per
+// 64 dims per page; `full[stage]` counts the bytes in.
+template <bool kFp8Cache>
+__device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
+                                                  const int32_t* table_row, const KeyRange& range,
+                                                  uint8_t* stages, uint64_t* full, uint64_t* empty) {
+  constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;
+  constexpr int kBoxDims = 64;
+  constexpr int kLineBytes = kFp8Cache ? 64 : 128;  // one box line
+  const int box_tokens = min(1 << args.page_shift, kTileKeys);
+  for (int tile = 0; tile < range.tiles; ++tile) {
+    const int stage = tile % 2;
+    if (tile >= 2) mbarrier_wait(&empty[stage], (tile / 2 - 1) % 2);
+    const int first_key = range.begin + tile * kTileKeys;
+    const int boxes = (min(kTileKeys, range.length - first_key) + box_tokens - 1) / box_tokens;
+    mbarrier_arrive_expect_bytes(&full[stage], uint32_t(boxes * box_tokens * kHeadDim * (kFp8Cache ? 1 : 2)));
+    uint8_t* destination = stages + stage * kStageBytes;
+    for (int box = 0; box < boxes; ++box) {
+      const int key = first_key + box * box_tokens;
+      const int page = table_row[key >> args.page_shift];
+      const int token = key & ((1 << args.page_shift) - 1);
+#pragma unroll
+      for (int block = 0; block < kHeadDim / kBoxDims; ++block) {
+        tma_load_box(destination + block * (kTileKeys * kLineBytes) + box * box_tokens * kLineBytes, cache_map,
+                     block * kBoxDims, token, page, &full[stage]);
+      }
+    }
+  }
+}
+
+// Keeps the compiler from moving reads of wgmma accumulators above the wait that makes them
+// valid (the wait names no registers).
+template <int kCount>
+__device__ __forceinline__ void fence_accumulators(float (&values)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(values[i])::"memory");
+}
+
+__device__ __forceinline__ uint64_t advance_descriptor(uint64_t descriptor, int bytes) {
+  return descriptor + uint64_t(bytes >> 4);  // the start address field, in 16-byte units
+}
+
+// Resizes this warpgroup's register allocation (all its threads call it together).
+template <int kCount, bool kIncrease>
+__device__ __forceinline__ void set_register_count() {
+  if constexpr (kIncrease) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kCount));
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCount));
+  }
+}
+
+// Initialises the two stages' barriers (full: one producer arrival + bytes; empty: every
+// consumer thread), by thread 0; the caller synchronises the CTA afterwards.
+__device__ __forceinline__ void init_stage_barriers(uint64_t* full, uint64_t* empty, int consumer_threads) {
+  if (threadIdx.x == 0) {
+    for (int stage = 0; stage < 2; ++stage) {
+      mbarrier_init(&full[stage], 1);
+      mbarrier_init(&empty[stage], consumer_threads);
+    }
+    fence_barrier_init();
+  }
+}
+
+}  // namespace openmla::kernels::sm90
