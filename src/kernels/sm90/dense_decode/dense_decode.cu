@@ -154,10 +154,10 @@ void dense_decode(const DenseDecodeParams& params) {
   const CUtensorMap cache_map = make_cache_map(cache, fp8_cache);
   if (half) {
     launch_split<true, false, false>(cache_map, args, grid, stream, params.enable_pdl);
-  } else if (fp8_q) {
-    launch_split<false, true, true>(cache_map, args, grid, stream, params.enable_pdl);
+  } else if (fp8_q) {  // FP8 caches compute in fp16: e4m3 widens to it in one instruction
+    launch_split<true, true, true>(cache_map, args, grid, stream, params.enable_pdl);
   } else if (fp8_cache) {
-    launch_split<false, false, true>(cache_map, args, grid, stream, params.enable_pdl);
+    launch_split<true, false, true>(cache_map, args, grid, stream, params.enable_pdl);
   } else {
     launch_split<false, false, false>(cache_map, args, grid, stream, params.enable_pdl);
   }

@@ -39,26 +39,47 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int begin, int end
   }
 }
 
-// Key lines [begin, end) of an FP8 raw stage -> the 16-bit swizzled math tile, exactly; lines
-// >= valid become zeros. By `threads` threads.
-template <bool kHalf>
-__device__ __forceinline__ void widen_key_lines(const uint8_t* raw, uint8_t* tile, int begin, int end, int valid,
-                                                int thread, int threads) {
-  constexpr int kUnitsPerLine = kHeadDim / 8;  // 8 values per unit
-  for (int unit = thread; unit < (end - begin) * kUnitsPerLine; unit += threads) {
-    const int line = begin + unit / kUnitsPerLine, dim = (unit % kUnitsPerLine) * 8;
-    const uint2 bytes = *reinterpret_cast<const uint2*>(raw + (dim / 64) * (kTileKeys * 64) + line * 64 + dim % 64);
-    *reinterpret_cast<uint4*>(tile + tile_offset(line, dim)) =
-        line < valid ? widen_fp8x8<kHalf>(bytes) : make_uint4(0, 0, 0, 0);
+// Key lines [begin, begin + kLines) of an FP8 raw stage -> the 16-bit swizzled math tile,
+// exactly; lines >= valid become zeros. By 128 threads: thread t converts 8 dims (chunk t % 8)
+// of lines begin + t / 8 + 16 j in every block, so all offsets but a per-thread base are
+// constants and the swizzle (a function of line % 8) is fixed per thread.
+template <bool kHalf, int kLines>
+__device__ __forceinline__ void widen_key_lines(const uint8_t* raw, uint8_t* tile, int begin, int valid, int thread) {
+  const int chunk = thread % 8, first_line = begin + thread / 8;
+  const uint8_t* source = raw + first_line * 64 + chunk * 8;
+  uint8_t* destination = tile + first_line * 128 + ((chunk ^ (first_line % 8)) * 16);
+#pragma unroll
+  for (int j = 0; j < kLines / 16; ++j) {
+    const bool inside = first_line + 16 * j < valid;
+#pragma unroll
+    for (int block = 0; block < kDimBlocks; ++block) {
+      const uint2 bytes = *reinterpret_cast<const uint2*>(source + block * (kTileKeys * 64) + j * 16 * 64);
+      *reinterpret_cast<uint4*>(destination + block * kSwizzleBlockBytes + j * 16 * 128) =
+          inside ? widen_fp8x8<kHalf>(bytes) : make_uint4(0, 0, 0, 0);
+    }
   }
 }
 
-// The tile's query rows into the swizzled layout (kLines lines) as 16-bit values, by `kThreads`
-// threads (fp8 q widened exactly; rows past rows_here are zeros). All of a thread's loads are
-// in flight at once (cp.async, or a register batch for fp8): Q is every CTA's fixed cost.
-template <bool kHalf, bool kFp8Q, int kLines, int kThreads>
-__device__ __forceinline__ void load_query_tile(const SplitArgs& args, int batch_index, int first_row,
-                                                int rows_here, uint8_t* query) {
+// How a kernel gets Q into its 16-bit math type.
+enum class QueryLoad {
+  kCopy,        // q already has the math type (bf16 with a bf16 cache, fp16 with fp16)
+  kWidenFp8,    // fp8 q: widened exactly
+  kBf16ToHalf,  // bf16 q, fp8 cache (math in fp16): q * 2^-s with s from the tile's amax
+};
+template <bool kHalf, bool kFp8Q, bool kFp8Cache>
+constexpr QueryLoad query_load() {
+  return kFp8Q ? QueryLoad::kWidenFp8 : (kHalf && kFp8Cache ? QueryLoad::kBf16ToHalf : QueryLoad::kCopy);
+}
+
+// The tile's query rows into the swizzled layout (kLines lines) in the math type, by `kThreads`
+// threads that then meet at named barrier `barrier` (rows past rows_here are zeros). All of a
+// thread's loads are in flight at once (cp.async, or a register batch): Q is every CTA's fixed
+// cost. Returns the factor the logits must be multiplied by: 2^s for kBf16ToHalf, where s
+// brings the tile's largest |q| just under 2^15 (fp16's range; the values keep their 11-bit
+// precision unless 2^-29 times smaller than the largest), else 1.
+template <bool kHalf, QueryLoad kMode, int kLines, int kThreads>
+__device__ __forceinline__ float load_query_tile(const SplitArgs& args, int batch_index, int first_row,
+                                                 int rows_here, uint8_t* query, int barrier) {
   constexpr int kUnitsPerLine = kHeadDim / 8;
   constexpr int kUnitsPerThread = kLines * kUnitsPerLine / kThreads;
   static_assert(kUnitsPerThread * kThreads == kLines * kUnitsPerLine, "whole units per thread");
@@ -72,32 +93,65 @@ __device__ __forceinline__ void load_query_tile(const SplitArgs& args, int batch
                                        (m % args.heads) * args.q_head + dim
                                  : -1;
   }
-  if constexpr (kFp8Q) {
+  auto destination = [&](int j) {
+    const int unit = threadIdx.x + j * kThreads;
+    return query + tile_offset<kLines>(unit / kUnitsPerLine, (unit % kUnitsPerLine) * 8);
+  };
+  float logit_factor = 1.0f;
+  if constexpr (kMode == QueryLoad::kWidenFp8) {
     uint2 bytes[kUnitsPerThread];
 #pragma unroll
     for (int j = 0; j < kUnitsPerThread; ++j) {
       bytes[j] = offsets[j] >= 0 ? *reinterpret_cast<const uint2*>(args.q + offsets[j]) : make_uint2(0, 0);
     }
 #pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) *reinterpret_cast<uint4*>(destination(j)) = widen_fp8x8<kHalf>(bytes[j]);
+  } else if constexpr (kMode == QueryLoad::kBf16ToHalf) {
+    __shared__ int largest_bits;  // max |q| of the tile, as the bits of a non-negative float
+    uint4 values[kUnitsPerThread];
+    float largest = 0.0f;
+#pragma unroll
     for (int j = 0; j < kUnitsPerThread; ++j) {
-      const int unit = threadIdx.x + j * kThreads;
-      *reinterpret_cast<uint4*>(query + tile_offset<kLines>(unit / kUnitsPerLine, (unit % kUnitsPerLine) * 8)) =
-          widen_fp8x8<kHalf>(bytes[j]);
+      values[j] = offsets[j] >= 0 ? *reinterpret_cast<const uint4*>(args.q + 2 * offsets[j]) : make_uint4(0, 0, 0, 0);
+      const uint32_t words[4] = {values[j].x, values[j].y, values[j].z, values[j].w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        largest = fmaxf(largest, fmaxf(fabsf(__uint_as_float(words[w] << 16)), fabsf(__uint_as_float(words[w] & 0xffff0000u))));
+      }
+    }
+    if (threadIdx.x == 0) largest_bits = 0;
+    sync_named(barrier, kThreads);
+    atomicMax(&largest_bits, __float_as_int(largest));  // NaN (> inf as bits) wins: it propagates
+    sync_named(barrier, kThreads);
+    const float amax = __int_as_float(largest_bits);
+    const int shift = amax > 0.0f && amax <= 3.0e38f ? max(-126, min(126, ilogbf(amax) - 14)) : 0;
+    const float down = __int_as_float((127 - shift) << 23);  // 2^-shift, exact
+    logit_factor = __int_as_float((127 + shift) << 23);
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      const uint32_t words[4] = {values[j].x, values[j].y, values[j].z, values[j].w};
+      uint32_t packed[4];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        packed[w] = pack_two<true>(__uint_as_float(words[w] << 16) * down, __uint_as_float(words[w] & 0xffff0000u) * down);
+      }
+      *reinterpret_cast<uint4*>(destination(j)) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
   } else {
 #pragma unroll
     for (int j = 0; j < kUnitsPerThread; ++j) {
-      const int unit = threadIdx.x + j * kThreads;
-      uint8_t* destination = query + tile_offset<kLines>(unit / kUnitsPerLine, (unit % kUnitsPerLine) * 8);
       if (offsets[j] >= 0) {
-        copy_async_16(destination, args.q + 2 * offsets[j]);
+        copy_async_16(destination(j), args.q + 2 * offsets[j]);
       } else {
-        *reinterpret_cast<uint4*>(destination) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(destination(j)) = make_uint4(0, 0, 0, 0);
       }
     }
     commit_async_copies();
     wait_async_copies<0>();
   }
+  fence_shared_for_async_proxy();
+  sync_named(barrier, kThreads);
+  return logit_factor;
 }
 
 // The producer: one thread walks the split's tiles, waits until the consumers have released

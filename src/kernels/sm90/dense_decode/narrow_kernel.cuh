@@ -82,9 +82,8 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
     return;
   }
 
-  load_query_tile<kHalf, kFp8Q, kNarrowRows, kNarrowConsumers>(args, batch_index, 0, rows_here, query);
-  fence_shared_for_async_proxy();
-  sync_narrow_consumers();
+  const float logit_scale = args.logit_scale_log2 * load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kNarrowRows, kNarrowConsumers>(
+                                                        args, batch_index, 0, rows_here, query, 1);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Accumulator element i of this thread: key (M) 16 warp + lane / 4 + 8 ((i / 2) % 2), query
@@ -116,7 +115,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
     mbarrier_wait(&full[stage], (tile / 2) % 2);
     if constexpr (kFp8Cache) {
       sync_narrow_consumers();  // every warp is done with the math tile (O^T += V^T P^T of tile - 1)
-      widen_key_lines<kHalf>(stages + stage * kStageBytes, keys, 0, kTileKeys, valid, threadIdx.x, kNarrowConsumers);
+      widen_key_lines<kHalf, kTileKeys>(stages + stage * kStageBytes, keys, 0, valid, threadIdx.x);
       mbarrier_arrive(&empty[stage]);
       fence_shared_for_async_proxy();
       sync_narrow_consumers();
@@ -148,7 +147,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int key = first_key + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-      scores[i] = key < visible[slot_of(i)] ? scores[i] * args.logit_scale_log2 : -INFINITY;
+      scores[i] = key < visible[slot_of(i)] ? scores[i] * logit_scale : -INFINITY;
       tile_max[slot_of(i)] = fmaxf(tile_max[slot_of(i)], scores[i]);
     }
 #pragma unroll

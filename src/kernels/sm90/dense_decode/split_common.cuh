@@ -79,8 +79,12 @@ __device__ __forceinline__ uint4 widen_fp8x8(uint2 bytes) {
   for (int w = 0; w < 4; ++w) {
     const uint32_t word = w < 2 ? bytes.x : bytes.y;
     const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> (16 * (w % 2))), __NV_E4M3);
-    const float2 values = __half22float2(*reinterpret_cast<const __half2*>(&pair));
-    packed[w] = pack_two<kHalf>(values.x, values.y);
+    if constexpr (kHalf) {
+      packed[w] = uint32_t(pair.x) | (uint32_t(pair.y) << 16);  // one cvt per pair
+    } else {
+      const float2 values = __half22float2(*reinterpret_cast<const __half2*>(&pair));
+      packed[w] = pack_two<kHalf>(values.x, values.y);
+    }
   }
   return make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }

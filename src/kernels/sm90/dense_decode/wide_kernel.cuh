@@ -114,9 +114,8 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   }
   set_register_count<kConsumerRegisters, true>();
 
-  load_query_tile<kHalf, kFp8Q, kRowsPerTile, kConsumerThreads>(args, batch_index, first_row, rows_here, query);
-  fence_shared_for_async_proxy();
-  sync_consumers();
+  const float logit_scale = args.logit_scale_log2 * load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kRowsPerTile, kConsumerThreads>(
+                                                        args, batch_index, first_row, rows_here, query, 1);
 
   const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int thread_in_warpgroup = threadIdx.x % 128;
@@ -151,8 +150,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     mbarrier_wait(&full[stage], (tile / 2) % 2);
     if constexpr (kFp8Cache) {
       sync_consumers();  // both warpgroups are done with the math tile (O += P V of tile - 1)
-      widen_key_lines<kHalf>(stages + stage * kStageBytes, keys, 32 * warpgroup, 32 * warpgroup + 32, valid,
-                             thread_in_warpgroup, 128);
+      widen_key_lines<kHalf, 32>(stages + stage * kStageBytes, keys, 32 * warpgroup, valid, thread_in_warpgroup);
       mbarrier_arrive(&empty[stage]);  // the raw stage is consumed
       fence_shared_for_async_proxy();
       sync_named(2 + warpgroup, 128);
@@ -192,7 +190,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     for (int i = 0; i < 16; ++i) {
       const int half = (i / 2) % 2;
       const int key = first_own_key + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-      scores[i] = key < visible[half] ? scores[i] * args.logit_scale_log2 : -INFINITY;
+      scores[i] = key < visible[half] ? scores[i] * logit_scale : -INFINITY;
       tile_max[half] = fmaxf(tile_max[half], scores[i]);
     }
 #pragma unroll
