@@ -4,12 +4,11 @@
 // over its own keys): L = log2(sum_i 2^l_i), out = sum_i 2^(l_i - L) O_i, written as bf16 with
 // the LSE in the requested base. Splits with l_i = -inf (no keys) are never read; a row whose
 // splits are all empty gets output 0 and LSE -inf; a NaN in any split makes the row NaN.
-// Tiling: one 512-thread block per row. First every split's LSE is read at once (one per
-// thread) and the weights 2^(l_i - max) go to shared memory; then 4 groups of 128 threads
-// each take every 4th non-empty split, a thread owning 4 of the 512 value columns (one 16-byte
-// load per split, all of a group's loads in flight together), and the groups' sums are added
-// in shared memory. A row's time is then about two memory latencies, whatever the split count
-// (a loop over splits in turn was bound by latency: ~25 us for one request with 128 splits).
+// Tiling: a 128-thread block per (row, quarter of the 512 value columns). Every split's LSE is
+// read at once (one per thread) and the weights 2^(l_i - max) go to shared memory; then 4
+// groups of 32 threads each take every 4th split, a thread owning 4 columns, with all of its
+// (up to 32) 16-byte loads in flight together, and the groups' sums are added in shared
+// memory. A block's time is then about two memory latencies, whatever the split count.
 // Limits: splits <= kMaxDecodeSplits; value dim 512.
 #pragma once
 
@@ -24,7 +23,8 @@
 
 namespace openmla::kernels::sm90 {
 
-constexpr int kCombineColumnThreads = kLatentDim / 4;  // 4 value columns each
+constexpr int kCombineColumnBlocks = 4;                                    // blocks per row
+constexpr int kCombineColumnThreads = kLatentDim / kCombineColumnBlocks / 4;  // 4 columns each
 constexpr int kCombineGroups = 4;
 constexpr int kCombineThreads = kCombineColumnThreads * kCombineGroups;
 static_assert(kCombineThreads >= kMaxDecodeSplits, "one LSE per thread");
@@ -55,7 +55,9 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(C
   __shared__ float4 group_sums[kCombineGroups - 1][kCombineColumnThreads];
   wait_for_previous_grid();  // PDL: the split kernel's partial results are complete and visible
 
-  const int batch_index = blockIdx.x / args.rows, m = blockIdx.x % args.rows;
+  const int row_index = blockIdx.x / kCombineColumnBlocks;
+  const int batch_index = row_index / args.rows, m = row_index % args.rows;
+  const int first_column = (blockIdx.x % kCombineColumnBlocks) * (kLatentDim / kCombineColumnBlocks);
   const int64_t split_stride = int64_t(args.batch) * args.rows;
   const int64_t row = int64_t(batch_index) * args.rows + m;
   const int thread = threadIdx.x;
@@ -80,26 +82,26 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(C
   // Group g sums splits g, g + 4, ...: a fixed order, so the result is the same every run.
   const int group = thread / kCombineColumnThreads, column_thread = thread % kCombineColumnThreads;
   float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  constexpr int kInFlight = 8;
-  for (int first = group; first < args.splits; first += kCombineGroups * kInFlight) {
-    float4 parts[kInFlight];
+  // All of a group's loads in flight at once (empty splits issue none: their output was never
+  // written, and weight 0 would not cancel a NaN in it).
+  constexpr int kInFlight = kMaxDecodeSplits / kCombineGroups;
+  float4 parts[kInFlight];
 #pragma unroll
-    for (int i = 0; i < kInFlight; ++i) {
-      const int split = first + kCombineGroups * i;
-      parts[i] = split < args.splits && weights[split] > 0.0f
-                     ? reinterpret_cast<const float4*>(args.partial_out +
-                                                       (split * split_stride + row) * kLatentDim)[column_thread]
-                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+  for (int i = 0; i < kInFlight; ++i) {
+    const int split = group + kCombineGroups * i;
+    parts[i] = split < args.splits && weights[split] > 0.0f
+                   ? reinterpret_cast<const float4*>(args.partial_out + (split * split_stride + row) * kLatentDim +
+                                                     first_column)[column_thread]
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
 #pragma unroll
-    for (int i = 0; i < kInFlight; ++i) {
-      const int split = first + kCombineGroups * i;
-      const float weight = split < args.splits ? weights[split] : 0.0f;
-      sum.x += weight * parts[i].x;
-      sum.y += weight * parts[i].y;
-      sum.z += weight * parts[i].z;
-      sum.w += weight * parts[i].w;
-    }
+  for (int i = 0; i < kInFlight; ++i) {
+    const int split = group + kCombineGroups * i;
+    const float weight = split < args.splits ? weights[split] : 0.0f;
+    sum.x += weight * parts[i].x;
+    sum.y += weight * parts[i].y;
+    sum.z += weight * parts[i].z;
+    sum.w += weight * parts[i].w;
   }
   if (group > 0) group_sums[group - 1][column_thread] = sum;
   __syncthreads();
@@ -123,8 +125,8 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(C
   uint2 packed;
   packed.x = *reinterpret_cast<uint32_t*>(&low);
   packed.y = *reinterpret_cast<uint32_t*>(&high);
-  *reinterpret_cast<uint2*>(out + 4 * column_thread) = packed;
-  if (args.lse != nullptr && column_thread == 0) {
+  *reinterpret_cast<uint2*>(out + first_column + 4 * column_thread) = packed;
+  if (args.lse != nullptr && column_thread == 0 && first_column == 0) {
     const float lse2 = has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
     args.lse[batch_index * args.lse_batch + token * args.lse_token + head * args.lse_head] =
         args.lse_base2 ? lse2 : lse2 * 0.6931471805599453f;

@@ -179,7 +179,8 @@ void dense_decode(const DenseDecodeParams& params) {
     combine.lse_token = args.lse_token;
     combine.lse_head = args.lse_head;
     combine.lse_base2 = args.lse_base2;
-    launch_kernel(kOp, dense_decode_combine_kernel, dim3(unsigned(int64_t(batch) * args.rows)), dim3(kCombineThreads), 0,
+    launch_kernel(kOp, dense_decode_combine_kernel,
+                  dim3(unsigned(int64_t(batch) * args.rows * kCombineColumnBlocks)), dim3(kCombineThreads), 0,
                   stream, params.enable_pdl, combine);
   }
 }
