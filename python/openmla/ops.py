@@ -50,19 +50,23 @@ def mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_k
 
 
 def mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal=False, q_descale=1.0,
-               kv_scale=1.0, return_lse=False, lse_base2=False, workspace=None, out=None):
+               kv_scale=1.0, return_lse=False, lse_base2=False, workspace=None, out=None,
+               enable_pdl=False):
     """Dense MLA decode (absorbed MQA form) over a paged cache.
 
     q [B, Sq, Hq, 576], kv_cache [pages, page_size, 576] (or [pages, page_size, 1, 576]),
     block_table [B, max_pages] int32, seq_lens [B] int32 (new tokens included).
     workspace: uint8 of get_mla_decode_workspace_size() bytes; allocated per call when None.
+    enable_pdl: launch with programmatic dependent launch (Hopper): the kernel may start while
+    the previous kernel in the stream finishes; the combine step overlaps the attention kernel.
+    No effect on CPU.
     Returns out [B, Sq, Hq, 512] bf16, and lse [B, Sq, Hq] with return_lse.
     """
     if out is None:
         out = q.new_empty((*q.shape[:-1], LATENT_DIM), dtype=torch.bfloat16)
     lse = _lse_like(q, return_lse)
     _ops.mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal, q_descale,
-                    kv_scale, lse_base2, out, lse, workspace)
+                    kv_scale, lse_base2, out, lse, workspace, enable_pdl)
     return (out, lse) if return_lse else out
 
 

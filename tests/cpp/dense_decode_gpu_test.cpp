@@ -47,6 +47,9 @@ struct DecodeCase {
   bool with_lse = true;
   bool cache_with_head_dim = false;  // [pages, page_size, 1, 576]
   float softmax_scale = 0.1f;        // logits' spread ~1.6 with the value ranges below
+  // q values times this, softmax_scale divided by it (same logits): far outside fp16's range
+  // (1e5) or tiny (1e-6), for kernels that carry a bf16 q in fp16 (FP8 caches).
+  double query_magnitude = 1;
 };
 
 int64_t uniform_int(std::mt19937_64& rng, int64_t low, int64_t high) {
@@ -132,8 +135,8 @@ DecodeInputs make_inputs(const DecodeCase& c, const std::vector<int32_t>& length
   std::copy(lengths.begin(), lengths.end(), inputs.seq_lens.data<int32_t>());
 
   const int64_t tokens = c.query_tokens, heads = c.heads;
-  std::uniform_real_distribution<double> query_value(fp8_q ? -2 / q_descale : -2,
-                                                     fp8_q ? 2 / q_descale : 2);
+  const double query_range = fp8_q ? 2 / q_descale : 2 * c.query_magnitude;
+  std::uniform_real_distribution<double> query_value(-query_range, query_range);
   TensorView q;
   if (c.strided_q) {
     // [Sq, B, Hq + 1, 600] NaN buffer, viewed as [B, Sq, Hq, 576]: every stride but the last
@@ -165,7 +168,7 @@ DecodeInputs make_inputs(const DecodeCase& c, const std::vector<int32_t>& length
   }
   params.block_table = inputs.block_table.view();
   params.seq_lens = inputs.seq_lens.view();
-  params.softmax_scale = c.softmax_scale;
+  params.softmax_scale = float(c.softmax_scale / c.query_magnitude);
   params.causal = c.causal;
   params.q_descale = fp8_q ? q_descale : 1.0f;
   params.kv_scale = fp8_kv ? kv_scale : 1.0f;
@@ -358,7 +361,8 @@ std::string case_name(const DecodeCase& c) {
        << "_q" << dtype(c.q_dtype) << "_kv" << dtype(c.kv_dtype)
        << (c.lse_base == LseBase::kBase2 ? "_lse2" : "") << (c.strided_q ? "_stridedq" : "")
        << (c.with_lse ? "" : "_nolse") << (c.cache_with_head_dim ? "_cache4d" : "")
-       << (c.softmax_scale > 1 ? "_sharp" : "");
+       << (c.softmax_scale > 1 ? "_sharp" : "") << (c.query_magnitude > 1 ? "_hugeq" : "")
+       << (c.query_magnitude < 1 ? "_tinyq" : "");
   return name.str();
 }
 
@@ -481,6 +485,9 @@ const DecodeCase kCoveringCases[] = {
          [](DecodeCase& c) { c.cache_with_head_dim = true; }),
     {2, 8, 9, 4096, 16, true, true, kBf16, kFp8},
     {6, 4, 126, 20, 256, false, true, kBf16, kFp8},
+    with({2, 1, 16, 140, 64, true, false, kBf16, kFp8}, [](DecodeCase& c) { c.query_magnitude = 1e5; }),
+    with({2, 2, 64, 140, 64, false, true, kBf16, kFp8}, [](DecodeCase& c) { c.query_magnitude = 1e5; }),
+    with({2, 1, 9, 140, 32, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.query_magnitude = 1e-6; }),
     // fp8 q (q_descale 0.02), fp8 cache
     {1, 1, 128, 4096, 64, false, false, kFp8, kFp8},
     {64, 2, 64, 140, 32, true, true, kFp8, kFp8},

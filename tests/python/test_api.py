@@ -116,6 +116,21 @@ def test_torch_compile_fullgraph_on_cpu(generator):
     assert torch.isfinite(actual[1]).all() and not math.isnan(actual[0].sum().item())
 
 
+def test_enable_pdl_reaches_the_op_and_leaves_cpu_results_unchanged(generator):
+    # PDL only changes how CUDA kernels are launched; the CPU reference ignores it.
+    arguments = torch.ops.openmla.mla_decode.default._schema.arguments
+    assert [(a.name, a.default_value) for a in arguments][-1] == ("enable_pdl", False)
+    q, cache, block_table, seq_lens = _decode_args(generator)
+    results = []
+    for enable_pdl in (False, True):
+        out = poisoned((2, 1, 4, 512), torch.bfloat16)
+        results.append(openmla.mla_decode(q, cache, block_table, seq_lens, 0.1, causal=True,
+                                          return_lse=True, out=out, enable_pdl=enable_pdl))
+    (out_plain, lse_plain), (out_pdl, lse_pdl) = results
+    assert not torch.isnan(out_pdl.float()).any()
+    assert torch.equal(out_pdl, out_plain) and torch.equal(lse_pdl, lse_plain)
+
+
 def test_workspace_size_helpers_and_a_given_workspace(generator):
     q, cache, block_table, seq_lens = _decode_args(generator)
     size = openmla.get_mla_decode_workspace_size(q, cache, block_table, seq_lens)

@@ -116,7 +116,8 @@ def test_tokenspeed_decode(generator, q_dtype, kv_dtype, causal_mask, output_sca
 
 
 def test_tokenspeed_decode_is_mla_decode(generator):
-    """Same numbers as openmla.mla_decode, into the caller's out / lse_out, int64 seq_lens."""
+    """Same numbers as openmla.mla_decode, into the caller's out / lse_out, int64 seq_lens;
+    enable_pdl=True is passed through (a launch option: no effect on CPU numbers)."""
     seq_lens = [40, 7]
     cache, block_table, _ = _paged(seq_lens, generator, torch.bfloat16)
     q = randn((2, 2, 16, 576), generator)
@@ -136,6 +137,10 @@ def test_tokenspeed_decode_is_mla_decode(generator):
         kv_lora_rank=512, qk_rope_head_dim=64, block_tables=block_table, seq_lens=lengths,
         max_seq_len=64, softmax_scale=0.05)  # causal_mask defaults to True
     assert isinstance(only_out, torch.Tensor) and torch.equal(only_out, expected)
+    with_pdl = tokenspeed_mla.tokenspeed_mla_decode(
+        q, cache, _workspace_for(q, cache, block_table, lengths), 512, 64, block_table, lengths,
+        64, 0.05, enable_pdl=True)
+    assert torch.equal(with_pdl, expected)
 
 
 def test_tokenspeed_decode_errors(generator):

@@ -165,6 +165,28 @@ def test_mla_decode_gpu_matches_float32_reference(generator, batch, query_tokens
     _check(out, lse, expected_out, expected_lse, q_dtype, base2)
 
 
+def test_mla_decode_gpu_with_pdl_matches_float32_reference(generator):
+    """enable_pdl=True: the kernel may start before the previous kernel in the stream ends, so
+    that previous kernel writes q (NaN until then); few requests and long sequences split the
+    keys, so the combine step runs too."""
+    seq_lens = _lengths(4, 8192, True, 2, generator)
+    q, cache, block_table, lengths = _decode_inputs(seq_lens, 2, 16, 64, torch.bfloat16,
+                                                    torch.bfloat16, generator)
+    q_written_just_before = poisoned(q.shape, q.dtype, device="cuda")
+    out = poisoned((4, 2, 16, 512), torch.bfloat16, device="cuda")
+    workspace = torch.full((openmla.get_mla_decode_workspace_size(q, cache, block_table, lengths),),
+                           0xFF, dtype=torch.uint8, device="cuda")
+
+    q_written_just_before.copy_(q)
+    _, lse = openmla.mla_decode(q_written_just_before, cache, block_table, lengths,
+                                SOFTMAX_SCALE, causal=True, return_lse=True, workspace=workspace,
+                                out=out, enable_pdl=True)
+    torch.cuda.synchronize()
+
+    expected_out, expected_lse = _reference(q, cache, block_table, lengths, causal=True)
+    _check(out, lse, expected_out, expected_lse, torch.bfloat16)
+
+
 def test_mla_decode_cuda_graph_replay_follows_new_seq_lens(generator):
     """One captured call replayed after new lengths, block tables, pages and queries were
     copied into the captured buffers: each replay must compute the new attention."""

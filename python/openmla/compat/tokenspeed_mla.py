@@ -24,8 +24,9 @@ Same names, argument order and defaults as TokenSpeed's; what had to be interpre
   [pages, page_size, 1, 576]. Page sizes 16..256 (TokenSpeed: 32 and 64).
 - workspace_buffer (int8 or uint8, contiguous) is openmla's split-KV workspace; it must hold
   openmla.get_mla_decode_workspace_size(...) bytes (ValueError otherwise).
-- is_var_seq, enable_pdl: accepted for compatibility; openmla plans every call from shapes and
-  device-side lengths, and has no separate persistent/variable-length kernels to choose.
+- is_var_seq: accepted for compatibility; openmla plans every call from shapes and device-side
+  lengths, and has no separate persistent/variable-length kernels to choose.
+- enable_pdl: passed to openmla's decode (programmatic dependent launch on Hopper).
 - TokenSpeed's decode-context-parallel arguments (causal_seqs, cp_world, cp_rank) and custom
   masks are not supported.
 """
@@ -82,7 +83,7 @@ def tokenspeed_mla_decode(query, kv_cache, workspace_buffer, kv_lora_rank, qk_ro
     Returns out [B, q_len, H, 512] (bf16; fp16 for an fp16 query), and with return_lse also
     lse [B, q_len, H] float32 in base 2 (written into lse_out when given).
     """
-    del is_var_seq, enable_pdl  # scheduling hints of TokenSpeed's kernels: nothing to choose
+    del is_var_seq  # a scheduling hint of TokenSpeed's kernels: nothing to choose
     _check_mla_dims(kv_lora_rank, qk_rope_head_dim)
     if max_seq_len <= 0:
         raise ValueError(f"max_seq_len: expected > 0, got {max_seq_len}")
@@ -112,7 +113,7 @@ def tokenspeed_mla_decode(query, kv_cache, workspace_buffer, kv_lora_rank, qk_ro
     kv_scale = output_scale if fold_output_scale else 1.0
     scale = softmax_scale / output_scale if fold_output_scale else softmax_scale
     torch.ops.openmla.mla_decode(query, kv_cache, block_tables, seq_lens, scale, causal_mask,
-                                 1.0, kv_scale, True, bf16_out, lse, workspace)
+                                 1.0, kv_scale, True, bf16_out, lse, workspace, enable_pdl)
     if output_scale != 1.0 and not fold_output_scale:
         bf16_out.mul_(output_scale)
     if bf16_out is not out:
