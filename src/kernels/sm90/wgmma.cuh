@@ -98,12 +98,22 @@ __device__ __forceinline__ void wgmma_wait() {
                ".f32." TYPES " " OPENMLA_WGMMA_D##N ", " A ", " B ", p, 1, 1, " TRANSPOSE ";\n}\n"          \
                : OPENMLA_WGMMA_OUT##N(d)                                                                    \
                : "l"(a), "l"(b), "r"(int(accumulate)))
-// A from registers (the m64k16 fragment a[4]), B from shared memory; no tnspA.
-#define OPENMLA_WGMMA_RS(SHAPE, TYPES, N, A, B, ACCUMULATE)                                                \
+// A from registers (the m64k16 fragment a[4]), B from shared memory (TRANSPOSE_B: tnspB).
+#define OPENMLA_WGMMA_RS(SHAPE, TYPES, N, A, B, ACCUMULATE, TRANSPOSE_B)                                   \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACCUMULATE ", 0;\nwgmma.mma_async.sync.aligned." SHAPE \
-               ".f32." TYPES " " OPENMLA_WGMMA_D##N ", " A ", " B ", p, 1, 1, 0;\n}\n"                     \
+               ".f32." TYPES " " OPENMLA_WGMMA_D##N ", " A ", " B ", p, 1, 1, " TRANSPOSE_B ";\n}\n"       \
                : OPENMLA_WGMMA_OUT##N(d)                                                                    \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
+// Defines template <bool kHalf> NAME(d, a[4], b, accumulate) for A from registers.
+#define OPENMLA_DEFINE_WGMMA_RS(NAME, SHAPE, N, A, B, ACCUMULATE, TRANSPOSE_B)                                   \
+  template <bool kHalf>                                                                                       \
+  __device__ __forceinline__ void NAME(float(&d)[N], const uint32_t(&a)[4], uint64_t b, bool accumulate) {    \
+    if constexpr (kHalf) {                                                                                    \
+      OPENMLA_WGMMA_RS(SHAPE, "f16.f16", N, A, B, ACCUMULATE, TRANSPOSE_B);                                   \
+    } else {                                                                                                  \
+      OPENMLA_WGMMA_RS(SHAPE, "bf16.bf16", N, A, B, ACCUMULATE, TRANSPOSE_B);                                 \
+    }                                                                                                         \
+  }
 // Defines template <bool kHalf> NAME(d, a, b, accumulate) for both operands in shared memory.
 #define OPENMLA_DEFINE_WGMMA_SS(NAME, SHAPE, N, A, B, ACCUMULATE, TRANSPOSE)                            \
   template <bool kHalf>                                                                              \
@@ -126,24 +136,23 @@ OPENMLA_DEFINE_WGMMA_SS(wgmma_64x32x16, "m64n32k16", 16, "%16", "%17", "%18", "0
 
 // D (64 x 32) += A (registers: the m64k16 fragment, see query_fragment in wide_kernel.cuh) *
 // B (K-major, [n][k]).
-template <bool kHalf>
-__device__ __forceinline__ void wgmma_64x32x16_a_registers(float (&d)[16], const uint32_t (&a)[4], uint64_t b,
-                                                          bool accumulate) {
-  if constexpr (kHalf) {
-    OPENMLA_WGMMA_RS("m64n32k16", "f16.f16", 16, "{%16, %17, %18, %19}", "%20", "%21");
-  } else {
-    OPENMLA_WGMMA_RS("m64n32k16", "bf16.bf16", 16, "{%16, %17, %18, %19}", "%20", "%21");
-  }
-}
+OPENMLA_DEFINE_WGMMA_RS(wgmma_64x32x16_a_registers, "m64n32k16", 16, "{%16, %17, %18, %19}", "%20", "%21", "0")
 
 // D (64 x 64) += A (K-major) * B (K-major, [n][k]).
 OPENMLA_DEFINE_WGMMA_SS(wgmma_64x64x16, "m64n64k16", 32, "%32", "%33", "%34", "0, 0")
+
+// D (64 x 64) += A (registers) * B (K-major, [n][k]): S over the dims whose Q is in registers.
+OPENMLA_DEFINE_WGMMA_RS(wgmma_64x64x16_a_registers, "m64n64k16", 32, "{%32, %33, %34, %35}", "%36", "%37", "0")
 
 // D (64 x 128) += A (K-major) * B (N-major: [k][n], tnspB). Used by the layout test only.
 OPENMLA_DEFINE_WGMMA_SS(wgmma_64x128x16_b_n_major, "m64n128k16", 64, "%64", "%65", "%66", "0, 1")
 
 // D (64 x 256) += A (K-major) * B (N-major: [k][n], tnspB): O += P V for 256 value columns.
 OPENMLA_DEFINE_WGMMA_SS(wgmma_64x256x16_b_n_major, "m64n256k16", 128, "%128", "%129", "%130", "0, 1")
+
+// D (64 x 256) += A (registers: P straight from the S accumulators) * B (N-major, tnspB): O += P V.
+OPENMLA_DEFINE_WGMMA_RS(wgmma_64x256x16_a_registers_b_n_major, "m64n256k16", 128, "{%128, %129, %130, %131}",
+                        "%132", "%133", "1")
 
 // Accumulator element i of a thread (warp w of the warpgroup, lane l): row and column of D.
 __host__ __device__ constexpr int accumulator_row(int warp, int lane, int i) {

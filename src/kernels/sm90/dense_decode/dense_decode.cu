@@ -1,5 +1,6 @@
 // Dense MLA decode on Hopper: the launcher. Picks the kernel (narrow_kernel.cuh for <= 16
-// query rows, wide_kernel.cuh for 64-row tiles) and the instantiation for the dtypes, describes
+// query rows; for 64-row tiles alternating_kernel.cuh with a 16-bit cache, wide_kernel.cuh with
+// an FP8 cache) and the instantiation for the dtypes, describes
 // the cache to the TMA, plans the split-KV grid from shapes alone (plan/decode_plan.h), and
 // launches the attention kernel and, when the plan has several splits, the combine kernel
 // (combine_kernel.cuh). Nothing here reads device memory or synchronises, so a call captures
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "kernels/cuda_check.h"
+#include "kernels/sm90/dense_decode/alternating_kernel.cuh"
 #include "kernels/sm90/dense_decode/combine_kernel.cuh"
 #include "kernels/sm90/dense_decode/narrow_kernel.cuh"
 #include "kernels/sm90/dense_decode/wide_kernel.cuh"
@@ -77,10 +79,17 @@ CUtensorMap make_cache_map(const TensorView& cache, bool fp8) {
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid, cudaStream_t stream,
                   bool programmatic) {
-  // <= 16 query rows: the transposed kernel (rows as wgmma's N); else 64-row tiles.
+  // <= 16 query rows: the transposed kernel (rows as wgmma's N); else 64-row tiles, the
+  // warpgroups taking turns on the tiles where shared memory allows (16-bit caches).
   const bool narrow = args.rows <= kNarrowRows;
-  const int bytes = narrow ? NarrowLayout<kFp8Cache>::kLaunchBytes : WideLayout<kFp8Cache>::kLaunchBytes;
+  int bytes = narrow ? NarrowLayout<kFp8Cache>::kLaunchBytes : WideLayout<kFp8Cache>::kLaunchBytes;
   auto kernel = narrow ? dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache> : dense_decode_wide_kernel<kHalf, kFp8Q, kFp8Cache>;
+  if constexpr (!kFp8Cache) {
+    if (!narrow) {
+      bytes = AlternatingLayout::kLaunchBytes;
+      kernel = dense_decode_alternating_kernel<kHalf>;
+    }
+  }
   // Not a stream operation: allowed during graph capture, and cheap enough to repeat.
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), kOp,
              "cudaFuncSetAttribute");

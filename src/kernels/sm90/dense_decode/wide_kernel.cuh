@@ -1,5 +1,7 @@
 // Dense MLA decode, split-KV attention kernel on Hopper warpgroup MMA (wgmma), for more than 16
-// query rows (the narrow kernel takes <= 16: narrow_kernel.cuh).
+// query rows with an FP8 cache (<= 16 rows: narrow_kernel.cuh; 16-bit caches:
+// alternating_kernel.cuh, faster, but it holds two key tiles at once, which does not fit in
+// shared memory next to the FP8 raw stages).
 //
 // What: for one request b, one tile of 64 query rows and one KV split, the softmax attention of
 // the rows over the split's keys: S = Q K^T (576 dims), P = softmax(S), O = P V (V = the first

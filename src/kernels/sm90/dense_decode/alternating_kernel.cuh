@@ -1,0 +1,312 @@
+// Dense MLA decode, split-KV attention kernel for more than 16 query rows with a 16-bit cache:
+// the two warpgroups take turns on the key tiles. (wide_kernel.cuh, which splits every tile's S
+// between them and trades maxima and P at two CTA barriers per tile, reached 0.57-0.65 of the
+// BF16 GEMM rate on the compute-bound cases; this one 0.72-0.81: docs/perf-log.md.)
+//
+// What: as wide_kernel.cuh (64 query rows per CTA, one KV split, V = the first 512 dims).
+// Tiling: key tiles of 64 tokens taken in pairs (a, b). Warpgroup 0 owns tile a, warpgroup 1
+// tile b: the owner computes S = Q K^T for its tile (64 x 64, wgmma m64n64k16; Q from shared
+// memory for dims 0..511, from registers for the 64 rope dims), its softmax, and publishes the
+// new row maxima, the rescale factor and P (16-bit) in shared memory. Every warpgroup owns 256
+// of the 512 value columns: O += P V for the own tile takes P from registers, for the other
+// tile from shared memory. The running maximum is handed on a -> b -> next a, so each tile's
+// softmax depends on the previous tile's, but one warpgroup's softmax runs while the other's
+// S or O += P V keeps the tensor cores busy.
+// Ordering between the warpgroups (named barriers, arrive by the producer, sync by the reader):
+//   published_a / published_b: maxima, factor and P of tile a / b are in shared memory;
+//   consumed_a / consumed_b: the other warpgroup's O += P V has finished reading that P buffer.
+// Shared memory: Q 72 KB (its rope block is reused as tile a's P buffer once the rope values
+// are in registers), two 72 KB key stages, tile b's P buffer 8 KB, maxima and factors: 226 KB.
+// Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
+// P V of its tile are done.
+// Limits: 16-bit caches only (an FP8 cache needs a 72 KB math tile per tile of the pair, which
+// does not fit: it runs wide_kernel.cuh).
+#pragma once
+
+#include "kernels/sm90/dense_decode/key_tiles.cuh"
+#include "kernels/sm90/dense_decode/split_common.cuh"
+#include "kernels/sm90/dense_decode/wide_kernel.cuh"
+#include "kernels/sm90/launch_dependencies.cuh"
+
+namespace openmla::kernels::sm90 {
+
+constexpr int kRopeSteps = (kHeadDim - kLatentDim) / 16;  // S's k steps over the rope dims: 4
+
+struct AlternatingLayout {
+  static constexpr int kQuery = 0;
+  static constexpr int kProbabilitiesA = kLatentDim / 64 * kSwizzleBlockBytes;  // Q's rope block
+  static constexpr int kKeys = kTileBlockBytes;
+  static constexpr int kProbabilitiesB = kKeys + 2 * kTileBlockBytes;
+  static constexpr int kMaxima = kProbabilitiesB + kSwizzleBlockBytes;  // [64] floats
+  static constexpr int kFactorA = kMaxima + kRowsPerTile * 4;          // [64]
+  static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;         // [64]
+  static constexpr int kSums = kFactorB + kRowsPerTile * 4;            // [2][64]
+  static constexpr int kBarriers = kSums + 2 * kRowsPerTile * 4;       // full[2], empty[2]
+  static constexpr int kBytes = kBarriers + 4 * 8;
+  static constexpr int kLaunchBytes = kBytes + 1024;
+};
+
+// Named barriers between the warpgroups (1: all consumers, 2-3: one warpgroup each).
+constexpr int kPublishedA = 4, kPublishedB = 5, kConsumedA = 6, kConsumedB = 7;
+__device__ __forceinline__ void signal(int barrier) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(barrier), "r"(kConsumerThreads) : "memory");
+}
+__device__ __forceinline__ void await(int barrier) { sync_named(barrier, kConsumerThreads); }
+
+template <bool kHalf>
+__global__ void __launch_bounds__(kWideThreads, 1)
+    dense_decode_alternating_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
+  using Layout = AlternatingLayout;
+  extern __shared__ uint8_t raw_shared[];
+  uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
+  uint8_t* query = shared + Layout::kQuery;
+  float* maxima = reinterpret_cast<float*>(shared + Layout::kMaxima);
+  // Per tile of the pair (0: a, 1: b): the factor that rescales the state before that tile,
+  // and its P.
+  auto factors = [&](int which) { return reinterpret_cast<float*>(shared + (which ? Layout::kFactorB : Layout::kFactorA)); };
+  auto probability_buffer = [&](int which) {
+    return shared + (which ? Layout::kProbabilitiesB : Layout::kProbabilitiesA);
+  };
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
+  uint64_t* empty = full + 2;
+  uint8_t* stages = shared + Layout::kKeys;
+
+  wait_for_previous_grid();  // PDL (see wide_kernel.cuh)
+  allow_next_grid();
+
+  const int tile_index = blockIdx.x, split = blockIdx.y, batch_index = blockIdx.z;
+  const int first_row = tile_index * kRowsPerTile;
+  const int rows_here = min(kRowsPerTile, args.rows - first_row);
+  const KeyRange range = split_key_range<kTileKeys>(args, batch_index, split, first_row, rows_here);
+  const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
+  if (finish_empty_split(args, range, split, batch_index, first_row, rows_here)) return;
+
+  init_stage_barriers(full, empty, kConsumerThreads);
+  __syncthreads();
+  if (threadIdx.x >= kConsumerThreads) {
+    set_register_count<kProducerRegisters, false>();
+    if (threadIdx.x == kConsumerThreads) {
+      produce_key_tiles<false>(&cache_map, args, table_row, range, stages, full, empty);
+    }
+    return;
+  }
+  set_register_count<kConsumerRegisters, true>();
+
+  const float logit_scale =
+      args.logit_scale_log2 * load_query_tile<kHalf, QueryLoad::kCopy, kRowsPerTile, kConsumerThreads>(
+                                  args, batch_index, first_row, rows_here, query, 1);
+  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int thread_in_warpgroup = threadIdx.x % 128;
+  const int row0 = 16 * warp + lane / 4;  // this thread's accumulator rows: row0, row0 + 8
+  uint32_t rope_query[kRopeSteps][4];
+#pragma unroll
+  for (int step = 0; step < kRopeSteps; ++step) {
+    query_fragment(query, kLatentDim / 16 + step, warp, lane, rope_query[step]);
+  }
+  sync_consumers();  // the rope block is read: it becomes tile a's P buffer
+
+  int visible[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) visible[half] = row_visible_end(args, range, first_row, row0 + 8 * half, rows_here);
+  float output[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) output[i] = 0.0f;
+  float running_max[2] = {-INFINITY, -INFINITY};  // the maximum over every tile so far
+  float running_sum[2] = {0.0f, 0.0f};            // over this warpgroup's own tiles
+
+  const uint64_t query_descriptor = make_descriptor(query, 16, 1024);
+  const int pairs = (range.tiles + 1) / 2;
+  const int value_block = 4 * warpgroup;  // first of this warpgroup's 4 blocks of 64 value columns
+
+  // S = Q K^T for tile `tile` (stage tile % 2), masked and scaled (base 2); returns the row
+  // maxima of the tile in tile_max. Zeroes the slots past the sequence end first.
+  float scores[32];
+  auto tile_scores = [&](int tile, float (&tile_max)[2]) {
+    const int first_key = range.begin + tile * kTileKeys;
+    const int valid = range.length - first_key;
+    uint8_t* keys = stages + (tile % 2) * kTileBlockBytes;
+    mbarrier_wait(&full[tile % 2], (tile / 2) % 2);
+    if (valid < kTileKeys) {
+      zero_key_lines(keys, 0, kTileKeys, valid, thread_in_warpgroup, 128);
+      fence_shared_for_async_proxy();
+      sync_named(2 + warpgroup, 128);
+    }
+    const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kLatentDim / 16; ++k) {
+      const int offset = (k / 4) * kSwizzleBlockBytes + (k % 4) * 32;
+      wgmma_64x64x16<kHalf>(scores, advance_descriptor(query_descriptor, offset),
+                            advance_descriptor(key_descriptor, offset), k > 0);
+    }
+#pragma unroll
+    for (int step = 0; step < kRopeSteps; ++step) {
+      wgmma_64x64x16_a_registers<kHalf>(
+          scores, rope_query[step],
+          advance_descriptor(key_descriptor, (kLatentDim / 64) * kSwizzleBlockBytes + step * 32), true);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(scores);
+    tile_max[0] = tile_max[1] = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {  // score i: row row0 + 8 ((i / 2) % 2), key 8 (i / 4) + 2 (lane % 4) + i % 2
+      const int half = (i / 2) % 2;
+      const int key = first_key + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+      scores[i] = key < visible[half] ? scores[i] * logit_scale : -INFINITY;
+      tile_max[half] = fmaxf(tile_max[half], scores[i]);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
+      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
+    }
+  };
+
+  // Softmax of the own tile against the running maximum: P in registers (wgmma A fragments:
+  // k step s is accumulators 8 s .. 8 s + 7), then P, the new maxima and the factor that
+  // rescales everything before this tile are published in shared memory.
+  uint32_t probabilities[kTileKeys / 16][4];
+  auto publish_softmax = [&](const float (&tile_max)[2], int pair, float (&factor)[2]) {
+    float reference[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float new_max = fmaxf(running_max[half], tile_max[half]);
+      reference[half] = new_max == -INFINITY ? 0.0f : new_max;  // no key yet: exp2 stays 0
+      factor[half] = exp2f(running_max[half] - reference[half]);
+      running_max[half] = new_max;
+      running_sum[half] *= factor[half];
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+      const int half = (i / 2) % 2;
+      const float first = exp2f(scores[i] - reference[half]);
+      const float second = exp2f(scores[i + 1] - reference[half]);
+      running_sum[half] += first + second;
+      probabilities[i / 8][(i % 8) / 2] = pack_two<kHalf>(first, second);
+    }
+    if (pair > 0) await(warpgroup == 0 ? kConsumedA : kConsumedB);  // our previous P was read
+    uint8_t* buffer = probability_buffer(warpgroup);
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+      const int row = row0 + 8 * ((i / 2) % 2), key = 8 * (i / 4) + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(buffer + swizzled_offset(row, key)) = probabilities[i / 8][(i % 8) / 2];
+    }
+    __syncwarp();  // the quad's reads of the previous maxima come first
+    if (lane % 4 == 0) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        maxima[row0 + 8 * half] = running_max[half];
+        factors(warpgroup)[row0 + 8 * half] = factor[half];
+      }
+    }
+    fence_shared_for_async_proxy();
+    signal(warpgroup == 0 ? kPublishedA : kPublishedB);
+  };
+
+  // The other warpgroup's published maxima and factor: rescale the running state to them.
+  auto adopt = [&](int owner, float (&factor)[2]) {
+    await(owner == 0 ? kPublishedA : kPublishedB);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      factor[half] = factors(owner)[row0 + 8 * half];
+      running_max[half] = maxima[row0 + 8 * half];
+      running_sum[half] *= factor[half];
+    }
+  };
+  auto rescale_output = [&](const float (&factor)[2]) {
+    if (factor[0] != 1.0f || factor[1] != 1.0f) {
+#pragma unroll
+      for (int i = 0; i < 128; ++i) output[i] *= factor[(i / 2) % 2];
+    }
+  };
+  // O += P V for this warpgroup's value columns over tile `tile`, P from registers or from the
+  // other warpgroup's buffer (one wgmma group; the caller waits).
+  auto value_product = [&](int tile, bool own) {
+    const uint64_t value_descriptor = make_descriptor(
+        stages + (tile % 2) * kTileBlockBytes + value_block * kSwizzleBlockBytes, kSwizzleBlockBytes, 1024);
+    const uint64_t probability_descriptor = make_descriptor(probability_buffer(tile % 2), 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kTileKeys / 16; ++k) {
+      if (own) {
+        wgmma_64x256x16_a_registers_b_n_major<kHalf>(output, probabilities[k],
+                                                     advance_descriptor(value_descriptor, 2048 * k), true);
+      } else {
+        wgmma_64x256x16_b_n_major<kHalf>(output, advance_descriptor(probability_descriptor, 32 * k),
+                                         advance_descriptor(value_descriptor, 2048 * k), true);
+      }
+    }
+    wgmma_commit();
+  };
+  auto finish_value_product = [&](int tile) {
+    wgmma_wait<0>();
+    fence_accumulators(output);
+    mbarrier_arrive(&empty[tile % 2]);
+  };
+
+  for (int pair = 0; pair < pairs; ++pair) {
+    const int tile_a = 2 * pair, tile_b = tile_a + 1;
+    const bool has_b = tile_b < range.tiles, has_next = pair + 1 < pairs;
+    float tile_max[2], factor[2];
+    if (warpgroup == 0) {
+      tile_scores(tile_a, tile_max);
+      publish_softmax(tile_max, pair, factor);
+      rescale_output(factor);
+      value_product(tile_a, true);
+      if (has_b) {
+        adopt(1, factor);
+        finish_value_product(tile_a);
+        rescale_output(factor);
+        value_product(tile_b, false);
+        finish_value_product(tile_b);
+        if (has_next) signal(kConsumedB);
+      } else {
+        finish_value_product(tile_a);
+      }
+    } else {
+      if (has_b) tile_scores(tile_b, tile_max);
+      adopt(0, factor);
+      rescale_output(factor);
+      value_product(tile_a, false);  // runs while this warpgroup does tile b's softmax
+      if (has_b) {
+        publish_softmax(tile_max, pair, factor);
+        finish_value_product(tile_a);
+        if (has_next) signal(kConsumedA);
+        rescale_output(factor);
+        value_product(tile_b, true);
+        finish_value_product(tile_b);
+      } else {
+        finish_value_product(tile_a);
+      }
+    }
+  }
+
+  // Row sums: this thread's keys, the quad, then the other warpgroup's tiles.
+  float* sums = reinterpret_cast<float*>(shared + Layout::kSums);  // [warpgroup][row]
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    running_sum[half] += __shfl_xor_sync(0xffffffffu, running_sum[half], 1);
+    running_sum[half] += __shfl_xor_sync(0xffffffffu, running_sum[half], 2);
+    if (lane % 4 == 0) sums[warpgroup * kRowsPerTile + row0 + 8 * half] = running_sum[half];
+  }
+  sync_consumers();
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + 8 * half;
+    const float sum = running_sum[half] + sums[(1 - warpgroup) * kRowsPerTile + row];
+    if (row >= rows_here) continue;
+    const int m = first_row + row;
+    const bool empty_row = sum == 0.0f;
+    const float normalizer = empty_row ? 0.0f : args.value_scale / sum;
+    const float lse2 = empty_row ? -INFINITY : running_max[half] + log2f(sum);
+#pragma unroll
+    for (int i = 2 * half; i < 128; i += 4) {
+      store_value_pair(args, split, batch_index, m, warpgroup * 256 + 8 * (i / 4) + 2 * (lane % 4),
+                       output[i] * normalizer, output[i + 1] * normalizer, empty_row);
+    }
+    if (warpgroup == 0 && lane % 4 == 0) store_row_lse(args, split, batch_index, m, lse2);
+  }
+}
+
+}  // namespace openmla::kernels::sm90
