@@ -163,26 +163,41 @@ __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, 
                                                   const int32_t* table_row, const KeyRange& range,
                                                   uint8_t* stages, uint64_t* full, uint64_t* empty) {
   constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;
-  constexpr int kBoxDims = 64;
-  constexpr int kLineBytes = kFp8Cache ? 64 : 128;  // one box line
+  constexpr int kLineBytes = kFp8Cache ? 64 : 128;  // one box line: 64 dims
+  constexpr int kMaxBoxes = kTileKeys / 16;         // pages per tile at the smallest page size
   const int box_tokens = min(1 << args.page_shift, kTileKeys);
+  auto boxes_of = [&](int tile) {
+    return (min(kTileKeys, range.length - (range.begin + tile * kTileKeys)) + box_tokens - 1) / box_tokens;
+  };
+  // The next tile's block-table entries are read before waiting for its stage, so that the
+  // table's memory latency is not added to every refill.
+  int pages[kMaxBoxes];
+  auto read_pages = [&](int tile) {
+    const int first_key = range.begin + tile * kTileKeys, boxes = boxes_of(tile);
+#pragma unroll
+    for (int box = 0; box < kMaxBoxes; ++box) {
+      pages[box] = box < boxes ? table_row[(first_key + box * box_tokens) >> args.page_shift] : 0;
+    }
+  };
+  read_pages(0);
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % 2;
     if (tile >= 2) mbarrier_wait(&empty[stage], (tile / 2 - 1) % 2);
     const int first_key = range.begin + tile * kTileKeys;
-    const int boxes = (min(kTileKeys, range.length - first_key) + box_tokens - 1) / box_tokens;
-    mbarrier_arrive_expect_bytes(&full[stage], uint32_t(boxes * box_tokens * kHeadDim * (kFp8Cache ? 1 : 2)));
+    const int boxes = boxes_of(tile);
+    mbarrier_arrive_expect_bytes(&full[stage], uint32_t(boxes * kDimBlocks * box_tokens * kLineBytes));
     uint8_t* destination = stages + stage * kStageBytes;
-    for (int box = 0; box < boxes; ++box) {
-      const int key = first_key + box * box_tokens;
-      const int page = table_row[key >> args.page_shift];
-      const int token = key & ((1 << args.page_shift) - 1);
 #pragma unroll
-      for (int block = 0; block < kHeadDim / kBoxDims; ++block) {
+    for (int box = 0; box < kMaxBoxes; ++box) {
+      if (box >= boxes) break;
+      const int token = (first_key + box * box_tokens) & ((1 << args.page_shift) - 1);
+#pragma unroll
+      for (int block = 0; block < kDimBlocks; ++block) {
         tma_load_box(destination + block * (kTileKeys * kLineBytes) + box * box_tokens * kLineBytes, cache_map,
-                     block * kBoxDims, token, page, &full[stage]);
+                     block * 64, token, pages[box], &full[stage]);
       }
     }
+    if (tile + 1 < range.tiles) read_pages(tile + 1);
   }
 }
 
