@@ -4,6 +4,8 @@
 # and the benchmark. Logs and JSON go to $OUT (at most 8 files come back from the device).
 # Needs on that machine: CUDA toolkit, cmake, ninja, GoogleTest, python3 with torch,
 # nanobind, scikit-build-core, pytest, matplotlib (the device image has them). Installs nothing.
+# The benchmark JSON records the commit seen at configure time; where the machine's git
+# metadata can lag the copied tree, pass OPENMLA_COMMIT=<hash> in the environment.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-$PWD/device-out}"
