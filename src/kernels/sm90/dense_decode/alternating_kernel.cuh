@@ -12,9 +12,13 @@
 // tile from shared memory. The running maximum is handed on a -> b -> next a, so each tile's
 // softmax depends on the previous tile's, but one warpgroup's softmax runs while the other's
 // S or O += P V keeps the tensor cores busy.
-// Ordering between the warpgroups (named barriers, arrive by the producer, sync by the reader):
+// Ordering between the warpgroups (mbarriers: arrive by the signalling warpgroup, wait by the
+// other):
 //   published_a / published_b: maxima, factor and P of tile a / b are in shared memory;
-//   consumed_a / consumed_b: the other warpgroup's O += P V has finished reading that P buffer.
+//   consumed_a / consumed_b: the other warpgroup's O += P V has finished reading that P buffer;
+//   sums: a warpgroup's row sums are written (once, at the end).
+// (Named barriers with bar.arrive did the same job, but compute-sanitizer's racecheck does not
+// see their ordering and reported races; mbarriers it follows.)
 // Shared memory: Q 72 KB (its rope block is reused as tile a's P buffer once the rope values
 // are in registers), two 72 KB key stages, tile b's P buffer 8 KB, maxima and factors: 226 KB.
 // Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
@@ -42,16 +46,16 @@ struct AlternatingLayout {
   static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;         // [64]
   static constexpr int kSums = kFactorB + kRowsPerTile * 4;            // [2][64]
   static constexpr int kBarriers = kSums + 2 * kRowsPerTile * 4;       // full[2], empty[2]
-  static constexpr int kBytes = kBarriers + 4 * 8;
+  static constexpr int kHandoffs = kBarriers + 4 * 8;                  // see kPublishedA ...
+  static constexpr int kBytes = kHandoffs + 6 * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
 };
 
-// Named barriers between the warpgroups (1: all consumers, 2-3: one warpgroup each).
-constexpr int kPublishedA = 4, kPublishedB = 5, kConsumedA = 6, kConsumedB = 7;
-__device__ __forceinline__ void signal(int barrier) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(barrier), "r"(kConsumerThreads) : "memory");
-}
-__device__ __forceinline__ void await(int barrier) { sync_named(barrier, kConsumerThreads); }
+// Handoffs between the warpgroups: mbarriers that all 128 threads of the signalling warpgroup
+// arrive on (release) and the other waits on (acquire), one phase per pair; the waiter passes
+// the phase number (the pair whose signal it needs).
+constexpr int kPublishedA = 0, kPublishedB = 1, kConsumedA = 2, kConsumedB = 3;
+constexpr int kSumsOf0 = 4, kSumsOf1 = 5;  // a warpgroup's row sums are in shared memory (once)
 
 template <bool kHalf>
 __global__ void __launch_bounds__(kWideThreads, 1)
@@ -69,6 +73,9 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   };
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
   uint64_t* empty = full + 2;
+  uint64_t* handoffs = reinterpret_cast<uint64_t*>(shared + Layout::kHandoffs);
+  auto signal = [&](int handoff) { mbarrier_arrive(&handoffs[handoff]); };
+  auto await = [&](int handoff, int phase) { mbarrier_wait(&handoffs[handoff], phase % 2); };
   uint8_t* stages = shared + Layout::kKeys;
 
   wait_for_previous_grid();  // PDL (see wide_kernel.cuh)
@@ -82,6 +89,10 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   if (finish_empty_split(args, range, split, batch_index, first_row, rows_here)) return;
 
   init_stage_barriers(full, empty, kConsumerThreads);
+  if (threadIdx.x == 0) {
+    for (int handoff = 0; handoff < 6; ++handoff) mbarrier_init(&handoffs[handoff], 128);
+    fence_barrier_init();
+  }
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads) {
     set_register_count<kProducerRegisters, false>();
@@ -188,7 +199,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   // P, the new maxima and the factor that rescales everything before the own tile, into shared
   // memory for the other warpgroup.
   auto publish = [&](int pair, const float (&factor)[2]) {
-    if (pair > 0) await(warpgroup == 0 ? kConsumedA : kConsumedB);  // our previous P was read
+    if (pair > 0) await(warpgroup == 0 ? kConsumedA : kConsumedB, pair - 1);  // our previous P was read
     uint8_t* buffer = probability_buffer(warpgroup);
 #pragma unroll
     for (int i = 0; i < 32; i += 2) {
@@ -208,8 +219,8 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   };
 
   // The other warpgroup's published maxima and factor: rescale the running state to them.
-  auto adopt = [&](int owner, float (&factor)[2]) {
-    await(owner == 0 ? kPublishedA : kPublishedB);
+  auto adopt = [&](int owner, int pair, float (&factor)[2]) {
+    await(owner == 0 ? kPublishedA : kPublishedB, pair);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       factor[half] = factors(owner)[row0 + 8 * half];
@@ -259,7 +270,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       rescale_output(factor);
       value_product(tile_a, true);
       if (has_b) {
-        adopt(1, factor);
+        adopt(1, pair, factor);
         finish_value_product(tile_a);
         rescale_output(factor);
         value_product(tile_b, false);
@@ -270,7 +281,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       }
     } else {
       if (has_b) tile_scores(tile_b, tile_max);
-      adopt(0, factor);
+      adopt(0, pair, factor);
       rescale_output(factor);
       value_product(tile_a, false);  // runs while this warpgroup does tile b's softmax
       if (has_b) {
@@ -284,9 +295,6 @@ __global__ void __launch_bounds__(kWideThreads, 1)
         finish_value_product(tile_b);
       } else {
         finish_value_product(tile_a);
-        // No P of ours this pair, but warpgroup 0 signalled that it read the last one: every
-        // generation of a named barrier is completed before the CTA exits.
-        if (pair > 0) await(kConsumedB);
       }
     }
   }
@@ -299,7 +307,8 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     running_sum[half] += __shfl_xor_sync(0xffffffffu, running_sum[half], 2);
     if (lane % 4 == 0) sums[warpgroup * kRowsPerTile + row0 + 8 * half] = running_sum[half];
   }
-  sync_consumers();
+  signal(warpgroup == 0 ? kSumsOf0 : kSumsOf1);
+  await(warpgroup == 0 ? kSumsOf1 : kSumsOf0, 0);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
