@@ -122,9 +122,10 @@ std::string shape_name(const char* id, int64_t heads, int64_t batch) {
 }
 
 DecodeShape uniform_shape(const char* id, int64_t batch, int64_t query_tokens, int64_t heads,
-                          int32_t length, bool graph_replay = false) {
+                          int32_t length, bool graph_replay = false, bool pdl = false) {
   DecodeShape shape;
-  shape.name = shape_name(id, heads, batch);
+  shape.name = shape_name(id, heads, batch) + (pdl ? " pdl" : "");
+  shape.pdl = pdl;
   shape.query_tokens = query_tokens;
   shape.heads = heads;
   shape.lengths.assign(size_t(batch), length);
@@ -150,13 +151,8 @@ void add_dense_decode_cases(std::vector<Case>& cases) {
   shapes.push_back(varlen);
   // The latency cases also with programmatic dependent launch (case name ends in "pdl").
   for (bool pdl : {false, true}) {
-    for (int64_t batch : {1, 2, 4}) shapes.push_back(uniform_shape("D4", batch, 1, 16, 4096, true));
-    shapes.push_back(uniform_shape("D5", 1, 1, 16, 32768, true));
-    if (!pdl) continue;
-    for (size_t i = shapes.size() - 4; i < shapes.size(); ++i) {
-      shapes[i].pdl = true;
-      shapes[i].name += " pdl";
-    }
+    for (int64_t batch : {1, 2, 4}) shapes.push_back(uniform_shape("D4", batch, 1, 16, 4096, true, pdl));
+    shapes.push_back(uniform_shape("D5", 1, 1, 16, 32768, true, pdl));
   }
 
   for (Format format : {Format::kBf16, Format::kFp8Cache}) {

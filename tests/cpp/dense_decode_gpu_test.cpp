@@ -517,22 +517,33 @@ TEST(DenseDecodeGpuEdges, AllRequestsEmpty) {
 // A NaN query row gives a NaN output row and LSE, as in the reference, also when the keys are
 // split over many CTAs and merged (the combine must not drop the NaN and report an empty row);
 // the other heads stay finite.
+// One query row of NaN (or inf: its logits are inf - inf = NaN) poisons that row only, in each
+// kernel: narrow (16 heads), alternating (64 heads, bf16 cache) and wide (FP8 cache, where a
+// bf16 q is scaled into fp16's range from the tile's largest value: an inf row must not switch
+// that off for the 1e5-sized rows beside it).
 TEST(DenseDecodeGpuEdges, NanQueryRowStaysNanAcrossSplits) {
   OPENMLA_REQUIRE_GPU();
   auto rng = make_rng();
-  const DecodeCase c{1, 1, 16, 4096, 64, false, false};
-  DecodeInputs inputs = make_inputs(c, {4096}, rng);
-  constexpr int64_t kNanHead = 3;
-  for (int64_t d = 0; d < kDim; ++d) inputs.q_buffer.set(kNanHead * kDim + d, NAN);
-  const DecodeResult actual = run_gpu(inputs);
-  const DecodeResult expected = run_reference(inputs);
-  for (int64_t head = 0; head < c.heads; ++head) {
-    const bool nan_head = head == kNanHead;
-    EXPECT_EQ(std::isnan(expected.lse.get(head)), nan_head) << "reference, head " << head;
-    EXPECT_EQ(std::isnan(actual.lse.get(head)), nan_head) << "GPU LSE, head " << head;
-    for (int64_t d = 0; d < kValueDim; d += 37) {
-      EXPECT_EQ(std::isnan(actual.out.get(head * kValueDim + d)), nan_head)
-          << "GPU out, head " << head << " column " << d;
+  const DecodeCase huge_query_fp8 = with({1, 1, 64, 4096, 64, false, false, DType::kBFloat16, DType::kFloat8E4M3},
+                                         [](DecodeCase& c) { c.query_magnitude = 1e5; });
+  for (const DecodeCase& c : {DecodeCase{1, 1, 16, 4096, 64, false, false}, DecodeCase{1, 1, 64, 4096, 64, false, false},
+                              huge_query_fp8}) {
+    SCOPED_TRACE(case_name(c));
+    DecodeInputs inputs = make_inputs(c, {4096}, rng);
+    constexpr int64_t kNanHead = 3;
+    const float poison = c.kv_dtype == DType::kFloat8E4M3 ? INFINITY : NAN;
+    for (int64_t d = 0; d < kDim; ++d) inputs.q_buffer.set(kNanHead * kDim + d, poison);
+    const DecodeResult actual = run_gpu(inputs);
+    const DecodeResult expected = run_reference(inputs);
+    for (int64_t head = 0; head < c.heads; ++head) {
+      const bool nan_head = head == kNanHead;
+      EXPECT_EQ(std::isnan(expected.lse.get(head)), nan_head) << "reference, head " << head;
+      EXPECT_EQ(std::isnan(actual.lse.get(head)), nan_head) << "GPU LSE, head " << head;
+      for (int64_t d = 0; d < kValueDim; d += 37) {
+        const float value = actual.out.get(head * kValueDim + d);
+        EXPECT_EQ(std::isnan(value), nan_head) << "GPU out, head " << head << " column " << d;
+        if (!nan_head) EXPECT_TRUE(std::isfinite(value)) << "GPU out, head " << head << " column " << d;
+      }
     }
   }
 }

@@ -166,9 +166,10 @@ def test_mla_decode_gpu_matches_float32_reference(generator, batch, query_tokens
 
 
 def test_mla_decode_gpu_with_pdl_matches_float32_reference(generator):
-    """enable_pdl=True: the kernel may start before the previous kernel in the stream ends, so
-    that previous kernel writes q (NaN until then); few requests and long sequences split the
-    keys, so the combine step runs too."""
+    """enable_pdl=True, few requests and long sequences: the keys are split, so the combine
+    step (launched as a programmatic dependent of the attention kernel) must wait for every
+    partial result. (q is copied in just before, but a copy is not a kernel: this does not
+    test the attention kernel's own wait on a preceding kernel.)"""
     seq_lens = _lengths(4, 8192, True, 2, generator)
     q, cache, block_table, lengths = _decode_inputs(seq_lens, 2, 16, 64, torch.bfloat16,
                                                     torch.bfloat16, generator)

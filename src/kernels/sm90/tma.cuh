@@ -1,6 +1,7 @@
 // Hopper bulk-copy vocabulary: the tensor memory accelerator (TMA) loading boxes of a paged KV
 // cache into shared memory, and the mbarriers that say when they have landed and when a stage
-// may be refilled. Used by the decode kernels' producer (dense_decode/key_tiles.cuh).
+// may be refilled (dense_decode/key_tiles.cuh), and that hand data between warpgroups
+// (dense_decode/alternating_kernel.cuh).
 //
 // A paged cache [pages, page_size, 576] is described to the TMA as a 3-D tensor (dim, token,
 // page). One box is 64 dims x `box_tokens` tokens of one page; for 16-bit caches the box lands

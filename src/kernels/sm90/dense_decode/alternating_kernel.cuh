@@ -29,7 +29,6 @@
 
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
-#include "kernels/sm90/dense_decode/wide_kernel.cuh"
 #include "kernels/sm90/launch_dependencies.cuh"
 
 namespace openmla::kernels::sm90 {
@@ -50,6 +49,7 @@ struct AlternatingLayout {
   static constexpr int kBytes = kHandoffs + 6 * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
 };
+static_assert(AlternatingLayout::kLaunchBytes <= kMaxSharedBytes, "shared memory");
 
 // Handoffs between the warpgroups: mbarriers that all 128 threads of the signalling warpgroup
 // arrive on (release) and the other waits on (acquire), one phase per pair; the waiter passes
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     uint8_t* keys = stages + (tile % 2) * kTileBlockBytes;
     mbarrier_wait(&full[tile % 2], (tile / 2) % 2);
     if (valid < kTileKeys) {
-      zero_key_lines(keys, 0, kTileKeys, valid, thread_in_warpgroup, 128);
+      zero_key_lines(keys, valid, thread_in_warpgroup, 128);
       fence_shared_for_async_proxy();
       sync_named(2 + warpgroup, 128);
     }
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     }
     wgmma_commit();
   };
-  auto finish_value_product = [&](int tile) {
+  auto finish_value_product_and_release = [&](int tile) {  // once per tile per warpgroup
     wgmma_wait<0>();
     fence_accumulators(output);
     mbarrier_arrive(&empty[tile % 2]);
@@ -271,13 +271,13 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       value_product(tile_a, true);
       if (has_b) {
         adopt(1, pair, factor);
-        finish_value_product(tile_a);
+        finish_value_product_and_release(tile_a);
         rescale_output(factor);
         value_product(tile_b, false);
-        finish_value_product(tile_b);
+        finish_value_product_and_release(tile_b);
         if (has_next) signal(kConsumedB);
       } else {
-        finish_value_product(tile_a);
+        finish_value_product_and_release(tile_a);
       }
     } else {
       if (has_b) tile_scores(tile_b, tile_max);
@@ -288,13 +288,13 @@ __global__ void __launch_bounds__(kWideThreads, 1)
         own_softmax(tile_max, factor);
         publish(pair, factor);  // first: warpgroup 0 waits for it (releasing tile a's stage
                                 // before it measured 3-6% slower)
-        finish_value_product(tile_a);
+        finish_value_product_and_release(tile_a);
         if (has_next) signal(kConsumedA);
         rescale_output(factor);
         value_product(tile_b, true);
-        finish_value_product(tile_b);
+        finish_value_product_and_release(tile_b);
       } else {
-        finish_value_product(tile_a);
+        finish_value_product_and_release(tile_a);
       }
     }
   }

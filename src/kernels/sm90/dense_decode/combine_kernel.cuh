@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/sm90/dense_decode/split_common.cuh"
 #include "kernels/sm90/launch_dependencies.cuh"
 #include "openmla/numerics.h"
 #include "plan/decode_plan.h"
@@ -129,7 +130,7 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(C
   if (args.lse != nullptr && column_thread == 0 && first_column == 0) {
     const float lse2 = has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
     args.lse[batch_index * args.lse_batch + token * args.lse_token + head * args.lse_head] =
-        args.lse_base2 ? lse2 : lse2 * 0.6931471805599453f;
+        args.lse_base2 ? lse2 : lse2 * kLn2;
   }
 }
 

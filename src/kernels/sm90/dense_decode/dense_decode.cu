@@ -79,22 +79,19 @@ CUtensorMap make_cache_map(const TensorView& cache, bool fp8) {
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid, cudaStream_t stream,
                   bool programmatic) {
-  // <= 16 query rows: the transposed kernel (rows as wgmma's N); else 64-row tiles, the
-  // warpgroups taking turns on the tiles where shared memory allows (16-bit caches).
-  const bool narrow = args.rows <= kNarrowRows;
-  int bytes = narrow ? NarrowLayout<kFp8Cache>::kLaunchBytes : WideLayout<kFp8Cache>::kLaunchBytes;
-  auto kernel = narrow ? dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache> : dense_decode_wide_kernel<kHalf, kFp8Q, kFp8Cache>;
-  if constexpr (!kFp8Cache) {
-    if (!narrow) {
-      bytes = AlternatingLayout::kLaunchBytes;
-      kernel = dense_decode_alternating_kernel<kHalf>;
-    }
-  }
   // Not a stream operation: allowed during graph capture, and cheap enough to repeat.
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), kOp,
-             "cudaFuncSetAttribute");
-  launch_kernel(kOp, kernel, grid, dim3(narrow ? kNarrowThreads : kWideThreads), bytes, stream, programmatic,
-                cache_map, args);
+  auto launch = [&](auto kernel, int threads, int bytes) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), kOp,
+               "cudaFuncSetAttribute");
+    launch_kernel(kOp, kernel, grid, dim3(threads), bytes, stream, programmatic, cache_map, args);
+  };
+  if (args.rows <= kNarrowRows) {  // the transposed kernel: the rows are wgmma's N
+    launch(dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache>, kNarrowThreads, NarrowLayout<kFp8Cache>::kLaunchBytes);
+  } else if constexpr (kFp8Cache) {  // 64-row tiles; the warpgroups split each tile's S
+    launch(dense_decode_wide_kernel<kFp8Q>, kWideThreads, WideLayout::kLaunchBytes);
+  } else {  // 64-row tiles; the warpgroups take turns on the tiles
+    launch(dense_decode_alternating_kernel<kHalf>, kWideThreads, AlternatingLayout::kLaunchBytes);
+  }
 }
 
 }  // namespace
@@ -121,9 +118,6 @@ void dense_decode(const DenseDecodeParams& params) {
   args.q_batch = q.stride(0);
   args.q_token = q.stride(1);
   args.q_head = q.stride(2);
-  args.cache = cache.ptr<const uint8_t>();
-  args.cache_page_bytes = cache.stride(0) * int64_t(dtype_size(cache.dtype));
-  args.cache_token_bytes = cache.stride(1) * int64_t(dtype_size(cache.dtype));
   args.block_table = params.block_table.ptr<const int32_t>();
   args.block_table_row = params.block_table.stride(0);
   args.seq_lens = params.seq_lens.ptr<const int32_t>();

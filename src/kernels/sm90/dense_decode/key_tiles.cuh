@@ -1,5 +1,6 @@
-// Dense MLA decode: the key tiles both attention kernels (wide_kernel.cuh, narrow_kernel.cuh)
-// stream, and the small pieces of tensor-core plumbing they share.
+// Dense MLA decode: the key tiles the attention kernels (alternating_kernel.cuh,
+// wide_kernel.cuh, narrow_kernel.cuh) stream, and the small pieces of tensor-core plumbing
+// they share.
 //
 // A key tile is 64 tokens x 576 dims. 16-bit tiles live in shared memory as 9 blocks of 64
 // dims, each [64 lines][128 bytes] with the 128-byte swizzle (wgmma.cuh): K-major for S (line =
@@ -9,6 +10,8 @@
 // sequence end are zeroed in shared memory before use (unused cache slots may hold NaN, pages
 // past the end are never read), so masked keys multiply finite zeros.
 #pragma once
+
+#include <cfloat>
 
 #include "kernels/sm90/dense_decode/split_common.cuh"
 #include "kernels/sm90/tma.cuh"
@@ -28,13 +31,11 @@ __device__ __forceinline__ int tile_offset(int line, int dim) {
   return (dim / 64) * (kLines * 128) + swizzled_offset(line, dim % 64);
 }
 
-// Key lines [max(first_invalid, begin), end) of a 16-bit tile set to zero, by `threads` threads.
-__device__ __forceinline__ void zero_key_lines(uint8_t* tile, int begin, int end, int first_invalid, int thread,
-                                               int threads) {
+// Key lines [first_invalid, 64) of a 16-bit tile set to zero, by `threads` threads.
+__device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid, int thread, int threads) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per line
-  begin = max(begin, first_invalid);
-  for (int unit = thread; unit < (end - begin) * kChunks; unit += threads) {
-    const int line = begin + unit / kChunks;
+  for (int unit = thread; unit < (kTileKeys - first_invalid) * kChunks; unit += threads) {
+    const int line = first_invalid + unit / kChunks;
     *reinterpret_cast<uint4*>(tile + tile_offset(line, (unit % kChunks) * 8)) = make_uint4(0, 0, 0, 0);
   }
 }
@@ -116,15 +117,18 @@ __device__ __forceinline__ float load_query_tile(const SplitArgs& args, int batc
       const uint32_t words[4] = {values[j].x, values[j].y, values[j].z, values[j].w};
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        largest = fmaxf(largest, fmaxf(fabsf(__uint_as_float(words[w] << 16)), fabsf(__uint_as_float(words[w] & 0xffff0000u))));
+        // Finite values only: an inf or NaN in one row must not switch the scaling off for the
+        // others (it reaches that row's logits through the scaled value itself).
+        const float low = fabsf(__uint_as_float(words[w] << 16)), high = fabsf(__uint_as_float(words[w] & 0xffff0000u));
+        largest = fmaxf(largest, fmaxf(low <= FLT_MAX ? low : 0.0f, high <= FLT_MAX ? high : 0.0f));
       }
     }
     if (threadIdx.x == 0) largest_bits = 0;
     sync_named(barrier, kThreads);
-    atomicMax(&largest_bits, __float_as_int(largest));  // NaN (> inf as bits) wins: it propagates
+    atomicMax(&largest_bits, __float_as_int(largest));  // non-negative floats order as their bits
     sync_named(barrier, kThreads);
     const float amax = __int_as_float(largest_bits);
-    const int shift = amax > 0.0f && amax <= 3.0e38f ? max(-126, min(126, ilogbf(amax) - 14)) : 0;
+    const int shift = amax > 0.0f ? max(-126, ilogbf(amax) - 14) : 0;  // <= 127 - 14
     const float down = __int_as_float((127 - shift) << 23);  // 2^-shift, exact
     logit_factor = __int_as_float((127 + shift) << 23);
 #pragma unroll
@@ -234,5 +238,31 @@ __device__ __forceinline__ void init_stage_barriers(uint64_t* full, uint64_t* em
     fence_barrier_init();
   }
 }
+
+// Shared memory a CTA may use on sm_90 (227 KB).
+constexpr int kMaxSharedBytes = 232448;
+
+// The 64-row kernels (alternating_kernel.cuh, wide_kernel.cuh): two consumer warpgroups and a
+// producer warpgroup.
+constexpr int kConsumerThreads = 256;                 // two warpgroups
+constexpr int kWideThreads = kConsumerThreads + 128;  // + the producer warpgroup
+// Registers per thread after the role split (setmaxnreg): 2 x 128 x 240 + 128 x 24 <= 64 K.
+// The consumers hold 128 fp32 output accumulators each; the producer needs a handful.
+constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
+
+// The m64k16 A fragment of Q for k step `step` (dims 16 step ..), as wgmma takes A from
+// registers: warp w of the warpgroup holds rows 16 w + lane / 4 (+ 8), dims 2 (lane % 4) (+ 8).
+__device__ __forceinline__ void query_fragment(const uint8_t* query, int step, int warp, int lane,
+                                               uint32_t (&fragment)[4]) {
+  const int row = 16 * warp + lane / 4, dim = 16 * step + 2 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    fragment[i] = *reinterpret_cast<const uint32_t*>(query + tile_offset(row + 8 * (i % 2), dim + 8 * (i / 2)));
+  }
+}
+
+// The 256 consumer threads only (the producer warpgroup is not part of it).
+__device__ __forceinline__ void sync_consumers() { sync_named(1, kConsumerThreads); }
+
 
 }  // namespace openmla::kernels::sm90

@@ -15,7 +15,8 @@
 //   (tnspA) from the same K tile, B = P^T; 64 fp32 accumulators per thread.
 // Shared memory: Q 18 KB (9 swizzled blocks of 16 lines), two 72 KB key stages (16-bit cache)
 // or one 72 KB math tile + two raw 36 KB stages (FP8 cache, widened exactly), P^T 2 KB.
-// Pipeline: tile t + 1 streams in while tile t is computed; two warpgroup barriers per tile.
+// Pipeline: tile t + 1 streams in while tile t is computed; two warpgroup barriers per tile
+// (16-bit cache; an FP8 cache adds two around the widening of the single math tile).
 // Softmax, epilogue: as the wide kernel (base-2 online softmax with -inf guards; one split
 // writes bf16 output and LSE, several write fp32 partials for the combine step). The output
 // is staged through shared memory so that the stores are row-contiguous.
@@ -46,6 +47,7 @@ struct NarrowLayout {
   static constexpr int kLaunchBytes = kBytes + 1024;
   // After the last tile the output is staged in the first key stage: [16 rows][512] floats.
   static_assert(kNarrowRows * kLatentDim * 4 <= kTileBlockBytes, "output staging fits a stage");
+  static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ the q amax word)");
 };
 
 __device__ __forceinline__ void sync_narrow_consumers() { sync_named(1, kNarrowConsumers); }
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
     } else {
       keys = stages + stage * kStageBytes;
       if (valid < kTileKeys) {
-        zero_key_lines(keys, 0, kTileKeys, valid, threadIdx.x, kNarrowConsumers);
+        zero_key_lines(keys, valid, threadIdx.x, kNarrowConsumers);
         fence_shared_for_async_proxy();
         sync_narrow_consumers();
       }

@@ -13,11 +13,14 @@
 #include <cstdint>
 
 #include "openmla/numerics.h"
+#include "plan/decode_plan.h"
 
 namespace openmla::kernels::sm90 {
 
 constexpr int kRowsPerTile = 64;  // query rows per CTA (Sq x Hq folded, row m = s * Hq + h)
+static_assert(kRowsPerTile == kDecodeRowsPerTile, "the plan's row tiles are the grid's x");
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;  // base-2 LSE -> natural: one multiply everywhere
 // A split gets at least one 64-key tile: below that a CTA's fixed cost (Q, pipeline fill)
 // outweighs its work; short requests then leave the last splits empty (they exit at once).
 constexpr int kMinKeysPerSplit = 64;
@@ -25,8 +28,6 @@ constexpr int kMinKeysPerSplit = 64;
 struct SplitArgs {
   const uint8_t* q;  // element strides below are in q's own element size
   int64_t q_batch, q_token, q_head;
-  const uint8_t* cache;
-  int64_t cache_page_bytes, cache_token_bytes;
   const int32_t* block_table;
   int64_t block_table_row;
   const int32_t* seq_lens;
@@ -48,11 +49,6 @@ struct SplitArgs {
   float* partial_lse;
   int batch;
 };
-
-template <bool kFp8Cache>
-constexpr int cache_bytes_per_token() {
-  return kFp8Cache ? kHeadDim : 2 * kHeadDim;
-}
 
 // Barrier among `thread_count` threads (whole warps) on named barrier `id` (0 is __syncthreads').
 __device__ __forceinline__ void sync_named(int id, int thread_count) {
@@ -139,7 +135,7 @@ __device__ __forceinline__ void store_row_lse(const SplitArgs& args, int split, 
   if (args.splits == 1) {
     if (args.lse != nullptr) {
       args.lse[batch_index * args.lse_batch + (m / args.heads) * args.lse_token + (m % args.heads) * args.lse_head] =
-          args.lse_base2 ? lse2 : lse2 / kLog2e;
+          args.lse_base2 ? lse2 : lse2 * kLn2;
     }
   } else {
     args.partial_lse[(int64_t(split) * args.batch + batch_index) * args.rows + m] = lse2;

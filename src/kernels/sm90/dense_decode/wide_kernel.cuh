@@ -20,12 +20,11 @@
 //   accumulators per thread), P and V from shared memory. V is read N-major from the K tile
 //   itself, so each cache row is loaded once.
 // Shared memory (all operands in 128-byte swizzled 64 x 64 blocks, see wgmma.cuh): Q 72 KB,
-// two key stages of 72 KB (16-bit cache) or one 72 KB math tile + two raw 36 KB stages (FP8
-// cache, widened exactly to 16 bits per tile), P 8 KB: ~225 KB, one CTA per SM.
-// Pipeline: one thread of the producer warpgroup streams key tiles with the TMA into two stages
-// (key_tiles.cuh); a "full" mbarrier per stage counts the bytes in, an "empty" one the 256
-// consumer threads done with it, so tile t + 1 streams in while tile t is computed. Consumers
-// meet at two barriers per tile (row maxima traded / P written).
+// one 72 KB fp16 math tile, two raw 36 KB FP8 stages, P 8 KB: ~225 KB, one CTA per SM.
+// Pipeline: one thread of the producer warpgroup streams raw key tiles with the TMA into two
+// stages (key_tiles.cuh); per tile the consumers meet at four barriers (the math tile is free;
+// this warpgroup's half is widened; row maxima traded; P written), and the raw stage goes back
+// to the producer as soon as it is widened, so tile t + 1 streams in while tile t is computed.
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
 // guards that keep a row without keys at output 0 and LSE -inf.
 // Epilogue: one split writes the 16-bit output and LSE directly; several splits write fp32
@@ -40,47 +39,28 @@
 
 namespace openmla::kernels::sm90 {
 
-constexpr int kConsumerThreads = 256;                // two warpgroups
-constexpr int kWideThreads = kConsumerThreads + 128;  // + the producer warpgroup
-// Registers per thread after the role split (setmaxnreg): 2 x 128 x 240 + 128 x 24 <= 64 K.
-// The consumers hold 128 fp32 output accumulators each; the producer needs a handful.
-constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
 constexpr int kRegisterQuerySteps = 16;                             // of S's 36 k steps
 constexpr int kSharedQuerySteps = kHeadDim / 16 - kRegisterQuerySteps;
 constexpr int kProbabilityBlockBytes = kSwizzleBlockBytes;          // P: 64 rows x 64 keys
 
 // Byte offsets of the shared-memory regions (from a 1024-byte aligned base).
-template <bool kFp8Cache>
 struct WideLayout {
   static constexpr int kQuery = 0;
-  static constexpr int kKeys = kTileBlockBytes;  // stage 0 (16-bit) or the math tile (fp8)
-  static constexpr int kRaw = kKeys + (kFp8Cache ? kTileBlockBytes : 0);
-  static constexpr int kProbabilities = kKeys + 2 * (kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes) +
-                                        (kFp8Cache ? kTileBlockBytes : 0);
+  static constexpr int kKeys = kTileBlockBytes;           // the 16-bit math tile
+  static constexpr int kRaw = kKeys + kTileBlockBytes;    // two raw FP8 stages
+  static constexpr int kProbabilities = kRaw + 2 * kRawFp8StageBytes;
   static constexpr int kExchange = kProbabilities + kProbabilityBlockBytes;  // [2][64] floats
-  static constexpr int kBarriers = kExchange + 2 * kRowsPerTile * 4;  // full[2], empty[2]
+  static constexpr int kBarriers = kExchange + 2 * kRowsPerTile * 4;        // full[2], empty[2]
   static constexpr int kBytes = kBarriers + 4 * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;  // slack to align the base by hand
 };
+static_assert(WideLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ the q amax word)");
 
-// The m64k16 A fragment of Q for k step `step` (dims 16 step ..), as wgmma takes A from
-// registers: warp w of the warpgroup holds rows 16 w + lane / 4 (+ 8), dims 2 (lane % 4) (+ 8).
-__device__ __forceinline__ void query_fragment(const uint8_t* query, int step, int warp, int lane,
-                                               uint32_t (&fragment)[4]) {
-  const int row = 16 * warp + lane / 4, dim = 16 * step + 2 * (lane % 4);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    fragment[i] = *reinterpret_cast<const uint32_t*>(query + tile_offset(row + 8 * (i % 2), dim + 8 * (i / 2)));
-  }
-}
-
-// The 256 consumer threads only (the producer warpgroup is not part of it).
-__device__ __forceinline__ void sync_consumers() { sync_named(1, kConsumerThreads); }
-
-template <bool kHalf, bool kFp8Q, bool kFp8Cache>
+template <bool kFp8Q>
 __global__ void __launch_bounds__(kWideThreads, 1)
     dense_decode_wide_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
-  using Layout = WideLayout<kFp8Cache>;
+  constexpr bool kHalf = true, kFp8Cache = true;  // FP8 caches compute in fp16
+  using Layout = WideLayout;
   extern __shared__ uint8_t raw_shared[];
   // The swizzle pattern is a function of address bits 4-9: every block starts 1024-aligned.
   // (Offsetting raw_shared, not casting an integer, keeps the accesses in the shared space.)
@@ -90,8 +70,8 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   float* exchange = reinterpret_cast<float*>(shared + Layout::kExchange);  // [warpgroup][row]
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);  // [2]
   uint64_t* empty = full + 2;                                               // [2]
-  constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;
-  uint8_t* stages = shared + (kFp8Cache ? Layout::kRaw : Layout::kKeys);
+  constexpr int kStageBytes = kRawFp8StageBytes;
+  uint8_t* stages = shared + Layout::kRaw;  // raw FP8 tiles, widened into `keys` one at a time
 
   // PDL: inputs may come from the previous kernel in the stream; and the combine kernel may be
   // scheduled now (it waits for this whole grid before reading).
@@ -143,27 +123,20 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   }
   const uint64_t query_descriptor = make_descriptor(query, 16, 1024);
   const uint64_t probability_descriptor = make_descriptor(probabilities, 16, 1024);
-  uint8_t* keys = kFp8Cache ? shared + Layout::kKeys : nullptr;
+  uint8_t* keys = shared + Layout::kKeys;
 
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % 2;
     const int first_key = range.begin + tile * kTileKeys;
     const int valid = range.length - first_key;  // key lines of the tile inside the sequence
     mbarrier_wait(&full[stage], (tile / 2) % 2);
-    if constexpr (kFp8Cache) {
-      sync_consumers();  // both warpgroups are done with the math tile (O += P V of tile - 1)
-      widen_key_lines<kHalf, 32>(stages + stage * kStageBytes, keys, 32 * warpgroup, valid, thread_in_warpgroup);
-      mbarrier_arrive(&empty[stage]);  // the raw stage is consumed
-      fence_shared_for_async_proxy();
-      sync_named(2 + warpgroup, 128);
-    } else {
-      keys = stages + stage * kStageBytes;
-      if (valid < kTileKeys) {  // the sequence's last tile: clear the slots past its end
-        zero_key_lines(keys, 32 * warpgroup, 32 * warpgroup + 32, valid, thread_in_warpgroup, 128);
-        fence_shared_for_async_proxy();
-        sync_named(2 + warpgroup, 128);
-      }
-    }
+    // This warpgroup's 32 key lines into the math tile (slots past the sequence end as zeros),
+    // once both warpgroups are done with it (O += P V of tile - 1).
+    sync_consumers();
+    widen_key_lines<kHalf, 32>(stages + stage * kStageBytes, keys, 32 * warpgroup, valid, thread_in_warpgroup);
+    mbarrier_arrive(&empty[stage]);  // the raw stage is consumed
+    fence_shared_for_async_proxy();
+    sync_named(2 + warpgroup, 128);
 
     // S = Q K^T for this warpgroup's 32 keys.
     float scores[16];
@@ -245,7 +218,6 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(output);
-    if constexpr (!kFp8Cache) mbarrier_arrive(&empty[stage]);
   }
 
 #pragma unroll
