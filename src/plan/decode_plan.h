@@ -25,9 +25,8 @@ struct DenseDecodePlan {
   int64_t splits = 1;     // KV splits per request; 1 = no combine step
 };
 
-// Splits so that the (request, row tile, split) CTAs fill whole waves of one CTA per SM: one
-// wave when the requests alone do not fill the GPU, else the fewest splits with a >= 90% full
-// last wave.
+// Splits so that the (request, row tile, split) CTAs fill whole waves of one CTA per SM, with
+// a 2% cost per split (decode_plan.cpp). From shapes and the SM count only.
 DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t heads,
                                   int sm_count);
 

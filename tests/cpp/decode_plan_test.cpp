@@ -1,5 +1,5 @@
 // The split-KV plan of the decode ops (src/plan/decode_plan.h): shapes and the SM count only,
-// one CTA per SM.
+// one CTA per SM, whole waves, a small cost per split.
 #include "plan/decode_plan.h"
 
 #include <gtest/gtest.h>
@@ -15,15 +15,15 @@ TEST(DecodePlan, FillsOneWaveWhenTheRequestsDoNot) {
   EXPECT_EQ(splits_for(1, 1, 16), 128);  // one request: the whole GPU, capped at 128 splits
   EXPECT_EQ(splits_for(2, 1, 16), 66);
   EXPECT_EQ(splits_for(4, 1, 16), 33);
-  EXPECT_EQ(splits_for(4, 4, 128), 4);  // 8 row tiles per request: 32 CTAs x 4
-  // Known gap (docs/dense-decode-roadmap.md): 67 CTAs get 1 split and leave 65 SMs idle.
-  EXPECT_EQ(splits_for(67, 1, 16), 1);
+  EXPECT_EQ(splits_for(4, 4, 128), 4);   // 8 row tiles per request: 32 CTAs x 4
 }
 
-TEST(DecodePlan, SeveralWavesTakeTheFewestSplitsThatFillTheLastWave) {
+TEST(DecodePlan, SplitsOnlyForARealGain) {
   EXPECT_EQ(splits_for(128, 1, 64), 1);  // 128 CTAs: 0.97 of the SMs without a combine step
   EXPECT_EQ(splits_for(64, 2, 128), 1);  // 256 CTAs: two full waves
-  EXPECT_EQ(splits_for(200, 1, 16), 3);  // 600 CTAs: 0.91 of five waves busy (1 split: 0.76)
+  EXPECT_EQ(splits_for(67, 1, 16), 7);   // 67 CTAs would leave half the SMs idle
+  EXPECT_EQ(splits_for(100, 1, 16), 5);
+  EXPECT_EQ(splits_for(200, 1, 16), 5);  // 1000 CTAs in 8 waves: 0.95 busy (1 split: 0.76)
 }
 
 TEST(DecodePlan, RowTilesFoldTokensAndHeads) {

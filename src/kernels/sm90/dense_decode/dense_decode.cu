@@ -40,8 +40,12 @@ void require_alignment(const char* argument, const TensorView& view, int bytes) 
 }
 
 // The cache as a 3-D tensor (dim, token, page) for the TMA; boxes of 64 dims x min(page, 64)
-// tokens, 128-byte swizzled for 16-bit caches (the wgmma layout), plain for FP8.
-CUtensorMap make_cache_map(const TensorView& cache, bool fp8) {
+// tokens, 128-byte swizzled for 16-bit caches (the wgmma layout); FP8 caches 64-byte swizzled
+// for the narrow kernel (its fragment loads, fp8_fragments.cuh), plain for the wide kernel.
+CUtensorMap make_cache_map(const TensorView& cache, bool narrow) {
+  const bool fp8 = cache.dtype == DType::kFloat8E4M3;
+  const CUtensorMapSwizzle swizzle =
+      !fp8 ? CU_TENSOR_MAP_SWIZZLE_128B : (narrow ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_NONE);
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   static Encode encode = [] {
     void* function = nullptr;
@@ -66,7 +70,7 @@ CUtensorMap make_cache_map(const TensorView& cache, bool fp8) {
   const CUresult result =
       encode(&map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, cache.data, sizes, strides,
              box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
     throw Error(ErrorKind::kInvalidArgument, kOp, "kv_cache",
@@ -85,8 +89,9 @@ void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid
                "cudaFuncSetAttribute");
     launch_kernel(kOp, kernel, grid, dim3(threads), bytes, stream, programmatic, cache_map, args);
   };
-  if (args.rows <= kNarrowRows) {  // the transposed kernel: the rows are wgmma's N
-    launch(dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache>, kNarrowThreads, NarrowLayout<kFp8Cache>::kLaunchBytes);
+  if (uses_narrow_kernel(args.rows)) {  // the transposed kernel: the rows are wgmma's N
+    launch(dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache>, NarrowLayout<kFp8Cache>::kThreads,
+           NarrowLayout<kFp8Cache>::kLaunchBytes);
   } else if constexpr (kFp8Cache) {  // 64-row tiles; the warpgroups split each tile's S
     launch(dense_decode_wide_kernel<kFp8Q>, kWideThreads, WideLayout::kLaunchBytes);
   } else {  // 64-row tiles; the warpgroups take turns on the tiles
@@ -154,7 +159,7 @@ void dense_decode(const DenseDecodeParams& params) {
 
   const dim3 grid(unsigned(plan.row_tiles), unsigned(plan.splits), unsigned(batch));
   const cudaStream_t stream = as_cuda_stream(params.stream);
-  const CUtensorMap cache_map = make_cache_map(cache, fp8_cache);
+  const CUtensorMap cache_map = make_cache_map(cache, uses_narrow_kernel(args.rows));
   if (half) {
     launch_split<true, false, false>(cache_map, args, grid, stream, params.enable_pdl);
   } else if (fp8_q) {  // FP8 caches compute in fp16: e4m3 widens to it in one instruction

@@ -5,8 +5,9 @@
 // A key tile is 64 tokens x 576 dims. 16-bit tiles live in shared memory as 9 blocks of 64
 // dims, each [64 lines][128 bytes] with the 128-byte swizzle (wgmma.cuh): K-major for S (line =
 // key) and, read N/M-major, V for the output. The producer (one thread) walks the block table
-// and issues one TMA box per 64 dims x min(page, 64) tokens; FP8 caches land plain (9 blocks
-// of [64 lines][64 bytes]) and are widened exactly to 16 bits by the consumers. Slots past the
+// and issues one TMA box per 64 dims x min(page, 64) tokens; FP8 caches land as 9 blocks of
+// [64 lines][64 bytes], plain for the wide kernel, which widens them exactly to a 16-bit tile,
+// and 64-byte swizzled for the narrow kernel, which widens in registers (fp8_fragments.cuh). Slots past the
 // sequence end are zeroed in shared memory before use (unused cache slots may hold NaN, pages
 // past the end are never read), so masked keys multiply finite zeros.
 #pragma once
@@ -159,10 +160,10 @@ __device__ __forceinline__ float load_query_tile(const SplitArgs& args, int batc
 }
 
 // The producer: one thread walks the split's tiles, waits until the consumers have released
-// the stage (2 stages), reads the block-table entries of the tile's pages (only pages that
+// the stage (kStages stages, used in turn), reads the block-table entries of the tile's pages (only pages that
 // hold keys of the sequence: entries past its end may be garbage) and issues one TMA box per
 // 64 dims per page; `full[stage]` counts the bytes in.
-template <bool kFp8Cache>
+template <bool kFp8Cache, int kStages = 2>
 __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
                                                   uint8_t* stages, uint64_t* full, uint64_t* empty) {
@@ -185,8 +186,8 @@ __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, 
   };
   read_pages(0);
   for (int tile = 0; tile < range.tiles; ++tile) {
-    const int stage = tile % 2;
-    if (tile >= 2) mbarrier_wait(&empty[stage], (tile / 2 - 1) % 2);
+    const int stage = tile % kStages;
+    if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) % 2);
     const int first_key = range.begin + tile * kTileKeys;
     const int boxes = boxes_of(tile);
     mbarrier_arrive_expect_bytes(&full[stage], uint32_t(boxes * kDimBlocks * box_tokens * kLineBytes));
@@ -227,11 +228,12 @@ __device__ __forceinline__ void set_register_count() {
   }
 }
 
-// Initialises the two stages' barriers (full: one producer arrival + bytes; empty: every
-// consumer thread), by thread 0; the caller synchronises the CTA afterwards.
-__device__ __forceinline__ void init_stage_barriers(uint64_t* full, uint64_t* empty, int consumer_threads) {
+// Initialises the stages' barriers (full: one producer arrival + bytes; empty: every consumer
+// thread), by thread 0; the caller synchronises the CTA afterwards.
+__device__ __forceinline__ void init_stage_barriers(uint64_t* full, uint64_t* empty, int consumer_threads,
+                                                    int stages = 2) {
   if (threadIdx.x == 0) {
-    for (int stage = 0; stage < 2; ++stage) {
+    for (int stage = 0; stage < stages; ++stage) {
       mbarrier_init(&full[stage], 1);
       mbarrier_init(&empty[stage], consumer_threads);
     }

@@ -5,24 +5,36 @@
 // 512 dims of the cache rows), but computed as S^T = K Q^T and O^T = V^T P^T, so that the query
 // rows are wgmma's N (16) instead of M (64): the wide kernel would spend 3/4 of its tensor
 // work on padding rows here, which made 16-head decode compute-bound.
-// Roles: 160 threads = one consumer warpgroup (the math) + one producer warp (TMA, as in the
-// wide kernel: key_tiles.cuh).
+// Roles: consumer warpgroups (the math) + one producer warp (TMA, as in the wide kernel:
+// key_tiles.cuh). A 16-bit cache has one consumer warpgroup; an FP8 cache has two that take
+// the tiles in turn, each with its own online softmax and O^T, merged at the end: one
+// warpgroup's chain of dependent steps per tile (fragment loads, wgmma, softmax) is longer
+// than an FP8 tile takes to stream in.
 // Tiling: key tiles of 64 tokens.
 // - S^T (64 keys x 16 rows): wgmma m64n16k16, 36 steps; A = the K tile (K-major), B = Q.
+//   With an FP8 cache, A comes from registers: each k step's fragment is read from the raw e4m3
+//   tile (ldmatrix) and widened to fp16 there (fp8_fragments.cuh; Q is stored with the dims
+//   of every 16-dim group in the fragments' order).
 // - softmax over keys (the M direction): row maxima reduced across the 8 lanes that share a
 //   row, then across the 4 warps through shared memory; P^T written to shared memory.
 // - O^T (512 dims x 16 rows) += V^T P^T: 8 x 4 wgmma m64n16k16 per tile, A = V read M-major
-//   (tnspA) from the same K tile, B = P^T; 64 fp32 accumulators per thread.
-// Shared memory: Q 18 KB (9 swizzled blocks of 16 lines), two 72 KB key stages (16-bit cache)
-// or one 72 KB math tile + two raw 36 KB stages (FP8 cache, widened exactly), P^T 2 KB.
-// Pipeline: tile t + 1 streams in while tile t is computed; two warpgroup barriers per tile
-// (16-bit cache; an FP8 cache adds two around the widening of the single math tile).
+//   (tnspA) from the same K tile, B = P^T; 64 fp32 accumulators per thread. FP8 cache: A from
+//   registers again (4 keys x 4 dims per thread, keys paired by byte permutes), so P^T's keys
+//   and O^T's dims are stored in the fragments' order and O^T's dims restored at the end.
+// Shared memory: Q 18 KB (9 swizzled blocks of 16 lines), P^T 2 KB, and two 72 KB key stages
+// (16-bit cache) or four raw 36 KB stages (FP8 cache: nothing is widened in shared memory, and
+// the spare room keeps more bytes in flight).
+// Pipeline: the next tiles stream in while tile t is computed; one warpgroup barrier per tile
+// (two when the tile is partial). With an FP8 cache the fragments of batch i + 1 (4 wgmma) are
+// loaded and widened while batch i runs, S^T is accumulated in two chains (even / odd k steps),
+// and a stage is released as soon as its last bytes are in registers.
 // Softmax, epilogue: as the wide kernel (base-2 online softmax with -inf guards; one split
 // writes bf16 output and LSE, several write fp32 partials for the combine step). The output
 // is staged through shared memory so that the stores are row-contiguous.
 // Limits: Sq * Hq <= 16.
 #pragma once
 
+#include "kernels/sm90/dense_decode/fp8_fragments.cuh"
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
 #include "kernels/sm90/launch_dependencies.cuh"
@@ -30,41 +42,49 @@
 namespace openmla::kernels::sm90 {
 
 constexpr int kNarrowRows = 16;
-constexpr int kNarrowConsumers = 128;
-constexpr int kNarrowThreads = kNarrowConsumers + 32;
+constexpr int kNarrowGroupThreads = 128;  // one consumer warpgroup
 constexpr int kNarrowQueryBytes = kDimBlocks * kNarrowRows * 128;  // 18 KB
+// The launcher's choice of kernel (it also picks the FP8 cache's TMA swizzle).
+__host__ __device__ constexpr bool uses_narrow_kernel(int rows) { return rows <= kNarrowRows; }
 
 template <bool kFp8Cache>
 struct NarrowLayout {
+  static constexpr int kGroups = kFp8Cache ? 2 : 1;  // consumer warpgroups
+  static constexpr int kConsumers = kGroups * kNarrowGroupThreads;
+  static constexpr int kThreads = kConsumers + 32;  // + the producer warp
+  static constexpr int kStages = kFp8Cache ? 4 : 2;
+  static constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;
   static constexpr int kQuery = 0;
-  static constexpr int kKeys = kNarrowQueryBytes;  // stage 0 (16-bit) or the math tile (fp8)
-  static constexpr int kRaw = kKeys + (kFp8Cache ? kTileBlockBytes : 0);
-  static constexpr int kProbabilities = kKeys + 2 * (kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes) +
-                                        (kFp8Cache ? kTileBlockBytes : 0);
-  static constexpr int kExchange = kProbabilities + kNarrowRows * 128;  // [4 warps][16 rows] floats
-  static constexpr int kBarriers = kExchange + 4 * kNarrowRows * 4;     // full[2], empty[2]
-  static constexpr int kBytes = kBarriers + 4 * 8;
+  static constexpr int kKeys = kNarrowQueryBytes;  // the stages
+  static constexpr int kProbabilities = kKeys + kStages * kStageBytes;  // P^T per group
+  static constexpr int kExchange = kProbabilities + kGroups * kNarrowRows * 128;  // [group][4 warps][16 rows]
+  static constexpr int kMerge = kExchange + kGroups * 4 * kNarrowRows * 4;  // [group][max, sum][16 rows]
+  static constexpr int kBarriers = kMerge + kGroups * 2 * kNarrowRows * 4;  // full[kStages], empty[kStages]
+  static constexpr int kBytes = kBarriers + 2 * kStages * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
   // After the last tile the output is staged in the first key stage: [16 rows][512] floats.
-  static_assert(kNarrowRows * kLatentDim * 4 <= kTileBlockBytes, "output staging fits a stage");
+  static_assert(kNarrowRows * kLatentDim * 4 <= kStageBytes, "output staging fits a stage");
+  static_assert(kKeys % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled stages are 1024-byte aligned");
+  static_assert(kStages % kGroups == 0, "a stage always serves the same group");
   static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ the q amax word)");
 };
 
-__device__ __forceinline__ void sync_narrow_consumers() { sync_named(1, kNarrowConsumers); }
+// Named barriers: 1 + group for one consumer warpgroup, 3 for all consumers.
+__device__ __forceinline__ void sync_narrow_group(int group) { sync_named(1 + group, kNarrowGroupThreads); }
+template <int kConsumers>
+__device__ __forceinline__ void sync_narrow_consumers() { sync_named(3, kConsumers); }
 
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
-__global__ void __launch_bounds__(kNarrowThreads, 1)
+__global__ void __launch_bounds__(NarrowLayout<kFp8Cache>::kThreads, 1)
     dense_decode_narrow_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
   using Layout = NarrowLayout<kFp8Cache>;
+  static_assert(kHalf || !kFp8Cache, "an FP8 cache computes in fp16");
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
   uint8_t* query = shared + Layout::kQuery;
-  uint8_t* probabilities = shared + Layout::kProbabilities;  // P^T as [row][key], swizzled
-  float* exchange = reinterpret_cast<float*>(shared + Layout::kExchange);
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
-  uint64_t* empty = full + 2;
-  constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;
-  uint8_t* stages = shared + (kFp8Cache ? Layout::kRaw : Layout::kKeys);
+  uint64_t* empty = full + Layout::kStages;
+  uint8_t* stages = shared + Layout::kKeys;
 
   wait_for_previous_grid();  // PDL (see wide_kernel.cuh)
   allow_next_grid();
@@ -75,19 +95,34 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;
 
-  init_stage_barriers(full, empty, kNarrowConsumers);
+  // A stage is released by the one warpgroup that consumes it.
+  init_stage_barriers(full, empty, kNarrowGroupThreads, Layout::kStages);
   __syncthreads();  // the last barrier of all threads: the producer warp leaves after its loop
-  if (threadIdx.x >= kNarrowConsumers) {
-    if (threadIdx.x == kNarrowConsumers) {
-      produce_key_tiles<kFp8Cache>(&cache_map, args, table_row, range, stages, full, empty);
+  if (threadIdx.x >= Layout::kConsumers) {
+    if (threadIdx.x == Layout::kConsumers) {
+      produce_key_tiles<kFp8Cache, Layout::kStages>(&cache_map, args, table_row, range, stages, full, empty);
     }
     return;
   }
 
-  const float logit_scale = args.logit_scale_log2 * load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kNarrowRows, kNarrowConsumers>(
-                                                        args, batch_index, 0, rows_here, query, 1);
+  const int group = threadIdx.x / kNarrowGroupThreads;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  uint8_t* probabilities = shared + Layout::kProbabilities + group * (kNarrowRows * 128);  // P^T [row][key], swizzled
+  float* exchange = reinterpret_cast<float*>(shared + Layout::kExchange) + group * 4 * kNarrowRows;
+  float* merge = reinterpret_cast<float*>(shared + Layout::kMerge);
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Q by the first warpgroup (the others wait at the consumer barrier below).
+  __shared__ float logit_factor;
+  if (group == 0) {
+    const float factor = load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kNarrowRows,
+                                         kNarrowGroupThreads>(args, batch_index, 0, rows_here, query, 1);
+    if constexpr (kFp8Cache) interleave_query_pairs<kNarrowRows>(query, threadIdx.x, kNarrowGroupThreads);
+    if (threadIdx.x == 0) logit_factor = factor;
+    fence_shared_for_async_proxy();
+  }
+  sync_narrow_consumers<Layout::kConsumers>();
+  const float logit_scale = args.logit_scale_log2 * logit_factor;
+
   // Accumulator element i of this thread: key (M) 16 warp + lane / 4 + 8 ((i / 2) % 2), query
   // row (N) 8 (i / 4) + 2 (lane % 4) + i % 2. A thread holds 4 rows ("slots" 2 (i / 4) + i % 2)
   // x 2 keys of S^T, and the same 4 rows of O^T.
@@ -97,7 +132,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
 #pragma unroll
   for (int slot = 0; slot < 4; ++slot) visible[slot] = row_visible_end(args, range, 0, row_of_slot(slot), rows_here);
 
-  float output[kLatentDim / 64][8];  // O^T: 8 blocks of 64 dims x 16 rows
+  float output[kLatentDim / 64][8];  // O^T: 8 M tiles of 64 dims x 16 rows
 #pragma unroll
   for (int block = 0; block < kLatentDim / 64; ++block) {
 #pragma unroll
@@ -108,41 +143,72 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
 
   const uint64_t query_descriptor = make_descriptor(query, 16, 1024);
   const uint64_t probability_descriptor = make_descriptor(probabilities, 16, 1024);
-  uint8_t* keys = kFp8Cache ? shared + Layout::kKeys : nullptr;
+  auto query_step = [&](int k) {  // B of k step k: dims 16 k ..
+    return advance_descriptor(query_descriptor, (k / 4) * (kNarrowRows * 128) + (k % 4) * 32);
+  };
+  const KeyFragmentReader key_reader(warp, lane);      // FP8 cache only
+  const ValueFragmentReader value_reader(warp, lane);  // FP8 cache only
 
-  for (int tile = 0; tile < range.tiles; ++tile) {
-    const int stage = tile % 2;
+  for (int tile = group; tile < range.tiles; tile += Layout::kGroups) {
+    const int stage = tile % Layout::kStages;
     const int first_key = range.begin + tile * kTileKeys;
     const int valid = range.length - first_key;
-    mbarrier_wait(&full[stage], (tile / 2) % 2);
-    if constexpr (kFp8Cache) {
-      sync_narrow_consumers();  // every warp is done with the math tile (O^T += V^T P^T of tile - 1)
-      widen_key_lines<kHalf, kTileKeys>(stages + stage * kStageBytes, keys, 0, valid, threadIdx.x);
-      mbarrier_arrive(&empty[stage]);
-      fence_shared_for_async_proxy();
-      sync_narrow_consumers();
-    } else {
-      keys = stages + stage * kStageBytes;
-      if (valid < kTileKeys) {
-        zero_key_lines(keys, valid, threadIdx.x, kNarrowConsumers);
-        fence_shared_for_async_proxy();
-        sync_narrow_consumers();
+    mbarrier_wait(&full[stage], (tile / Layout::kStages) % 2);
+    uint8_t* keys = stages + stage * Layout::kStageBytes;
+    if (valid < kTileKeys) {
+      if constexpr (kFp8Cache) {
+        zero_raw_key_lines(keys, valid, threadIdx.x % kNarrowGroupThreads, kNarrowGroupThreads);
+      } else {
+        zero_key_lines(keys, valid, threadIdx.x % kNarrowGroupThreads, kNarrowGroupThreads);
       }
+      fence_shared_for_async_proxy();
+      sync_narrow_group(group);
     }
 
     // S^T = K Q^T.
     float scores[8];
-    const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);
-    wgmma_fence();
+    if constexpr (kFp8Cache) {
+      // Batches of 4 k steps; batch i + 1 is read and widened while batch i multiplies. Even
+      // and odd k steps accumulate in separate chains (summed below).
+      constexpr int kBatches = kHeadDim / 64;
+      float odd_scores[8];
+      uint32_t fragments[2][4][4];
+      auto load_batch = [&](int batch, uint32_t(&into)[4][4]) {
+        key_reader.load(keys, 2 * batch, into[0], into[1]);
+        key_reader.load(keys, 2 * batch + 1, into[2], into[3]);
+      };
+      load_batch(0, fragments[0]);
 #pragma unroll
-    for (int k = 0; k < kHeadDim / 16; ++k) {
-      wgmma_64x16x16<kHalf>(scores, advance_descriptor(key_descriptor, (k / 4) * kSwizzleBlockBytes + (k % 4) * 32),
-                            advance_descriptor(query_descriptor, (k / 4) * (kNarrowRows * 128) + (k % 4) * 32),
-                            k > 0);
+      for (int batch = 0; batch < kBatches; ++batch) {
+        wgmma_fence();  // this batch's fragments were just written
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          wgmma_64x16x16_a_registers<kHalf>(k % 2 == 0 ? scores : odd_scores, fragments[batch % 2][k],
+                                            query_step(4 * batch + k), batch > 0 || k >= 2);
+        }
+        wgmma_commit();
+        if (batch + 1 < kBatches) {
+          wgmma_wait<1>();  // batch - 1 has read the registers refilled here
+          load_batch(batch + 1, fragments[(batch + 1) % 2]);
+        }
+      }
+      wgmma_wait<0>();
+      fence_accumulators(scores);
+      fence_accumulators(odd_scores);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) scores[i] += odd_scores[i];
+    } else {
+      const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kHeadDim / 16; ++k) {
+        wgmma_64x16x16<kHalf>(scores, advance_descriptor(key_descriptor, (k / 4) * kSwizzleBlockBytes + (k % 4) * 32),
+                              query_step(k), k > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(scores);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(scores);
 
     // Online softmax over keys, base 2.
     float tile_max[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
@@ -160,7 +226,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
       }
       if (lane < 4) exchange[warp * kNarrowRows + row_of_slot(slot)] = tile_max[slot];
     }
-    sync_narrow_consumers();  // all warps' maxima in; also every warp finished the last O^T update
+    sync_narrow_group(group);  // all warps' maxima in; also every warp finished the last O^T update
     float rescale[4], reference[4];
 #pragma unroll
     for (int slot = 0; slot < 4; ++slot) {
@@ -178,7 +244,8 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
       const float probability = exp2f(scores[i] - reference[slot_of(i)]);
       running_sum[slot_of(i)] += probability;
       const int key = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-      *reinterpret_cast<uint16_t*>(probabilities + swizzled_offset(row_of_slot(slot_of(i)), key)) =
+      const int column = kFp8Cache ? value_column_of_key(key) : key;
+      *reinterpret_cast<uint16_t*>(probabilities + swizzled_offset(row_of_slot(slot_of(i)), column)) =
           uint16_t(pack_two<kHalf>(probability, 0.0f) & 0xffffu);
     }
     if (rescale[0] != 1.0f || rescale[1] != 1.0f || rescale[2] != 1.0f || rescale[3] != 1.0f) {
@@ -189,22 +256,52 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
       }
     }
     fence_shared_for_async_proxy();
-    sync_narrow_consumers();  // P^T complete; the exchange reads are done
+    sync_narrow_group(group);  // P^T complete; the exchange reads are done
 
-    // O^T += V^T P^T: V^T block b (64 dims) is the K tile's block b read M-major; a k step of
-    // 16 keys is 16 lines (2048 bytes).
-    const uint64_t value_descriptor = make_descriptor(keys, kSwizzleBlockBytes, 1024);
-    wgmma_fence();
+    // O^T += V^T P^T.
+    if constexpr (kFp8Cache) {
+      // A batch = one k step (16 keys) of four M tiles (256 dims): two load batches of 4 keys x
+      // 4 dims per thread. k steps outermost, so consecutive batches chain no accumulator.
+      constexpr int kPairs = kLatentDim / 128, kSteps = kTileKeys / 16, kBatches = kSteps * kPairs / 2;
+      uint32_t fragments[2][4][4];
+      auto load_batch = [&](int batch, uint32_t(&into)[4][4]) {
+        const int k = batch / (kPairs / 2), first_pair = 2 * (batch % (kPairs / 2));
+        value_reader.load(keys, first_pair, k, into[0], into[1]);
+        value_reader.load(keys, first_pair + 1, k, into[2], into[3]);
+      };
+      load_batch(0, fragments[0]);
 #pragma unroll
-    for (int block = 0; block < kLatentDim / 64; ++block) {
+      for (int batch = 0; batch < kBatches; ++batch) {
+        const int k = batch / (kPairs / 2), first_tile = 4 * (batch % (kPairs / 2));
+        const uint64_t probability_step = advance_descriptor(probability_descriptor, 32 * k);
+        wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kTileKeys / 16; ++k) {
-        wgmma_64x16x16_a_m_major<kHalf>(output[block],
-                                        advance_descriptor(value_descriptor, block * kSwizzleBlockBytes + k * 2048),
-                                        advance_descriptor(probability_descriptor, 32 * k), true);
+        for (int j = 0; j < 4; ++j) {
+          wgmma_64x16x16_a_registers<kHalf>(output[first_tile + j], fragments[batch % 2][j], probability_step, true);
+        }
+        wgmma_commit();
+        if (batch + 1 < kBatches) {
+          wgmma_wait<1>();
+          load_batch(batch + 1, fragments[(batch + 1) % 2]);
+        }
       }
+      mbarrier_arrive(&empty[stage]);  // every byte of the raw tile this thread reads is in registers
+    } else {
+      // V^T block b (64 dims) is the K tile's block b read M-major; a k step of 16 keys is 16
+      // lines (2048 bytes).
+      const uint64_t value_descriptor = make_descriptor(keys, kSwizzleBlockBytes, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int block = 0; block < kLatentDim / 64; ++block) {
+#pragma unroll
+        for (int k = 0; k < kTileKeys / 16; ++k) {
+          wgmma_64x16x16_a_m_major<kHalf>(output[block],
+                                          advance_descriptor(value_descriptor, block * kSwizzleBlockBytes + k * 2048),
+                                          advance_descriptor(probability_descriptor, 32 * k), true);
+        }
+      }
+      wgmma_commit();
     }
-    wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
     for (int block = 0; block < kLatentDim / 64; ++block) fence_accumulators(output[block]);
@@ -217,38 +314,64 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
 #pragma unroll
     for (int mask = 4; mask < 32; mask *= 2) running_sum[slot] += __shfl_xor_sync(0xffffffffu, running_sum[slot], mask);
   }
-  sync_narrow_consumers();  // the last tile's reads of the exchange are done
+  sync_narrow_group(group);  // the last tile's reads of the exchange are done
   if (lane < 4) {
 #pragma unroll
     for (int slot = 0; slot < 4; ++slot) exchange[warp * kNarrowRows + row_of_slot(slot)] = running_sum[slot];
   }
-  // Normalised O^T -> shared [row][dim] floats (the first key stage is free: every tile landed
-  // and was consumed), so that rows are stored contiguously below.
-  float* staged = reinterpret_cast<float*>(shared + Layout::kKeys);
-  sync_narrow_consumers();
+  sync_narrow_group(group);
+  // Each group's (max, sum) per row, then the merged row: max M = max over groups of m_g, sum
+  // L = sum of l_g 2^(m_g - M); this group's O^T is scaled by 2^(m_g - M) / L.
+  if (warp == 0 && lane < 4) {
+#pragma unroll
+    for (int slot = 0; slot < 4; ++slot) {
+      const int row = row_of_slot(slot);
+      merge[(2 * group) * kNarrowRows + row] = running_max[slot];
+      merge[(2 * group + 1) * kNarrowRows + row] = exchange[row] + exchange[kNarrowRows + row] +
+                                                   exchange[2 * kNarrowRows + row] + exchange[3 * kNarrowRows + row];
+    }
+  }
+  sync_narrow_consumers<Layout::kConsumers>();
   float normalizer[4];
 #pragma unroll
   for (int slot = 0; slot < 4; ++slot) {
     const int row = row_of_slot(slot);
-    const float sum = exchange[row] + exchange[kNarrowRows + row] + exchange[2 * kNarrowRows + row] +
-                      exchange[3 * kNarrowRows + row];
-    normalizer[slot] = sum == 0.0f ? 0.0f : args.value_scale / sum;
-    if (warp == 0 && lane < 4 && row < rows_here) {
-      store_row_lse(args, split, batch_index, row, sum == 0.0f ? -INFINITY : running_max[slot] + log2f(sum));
+    float row_max = -INFINITY;
+#pragma unroll
+    for (int g = 0; g < Layout::kGroups; ++g) row_max = fmaxf(row_max, merge[(2 * g) * kNarrowRows + row]);
+    const float reference = row_max == -INFINITY ? 0.0f : row_max;
+    float sum = 0.0f;
+#pragma unroll
+    for (int g = 0; g < Layout::kGroups; ++g) {
+      sum += merge[(2 * g + 1) * kNarrowRows + row] * exp2f(merge[(2 * g) * kNarrowRows + row] - reference);
+    }
+    normalizer[slot] = sum == 0.0f ? 0.0f : args.value_scale * exp2f(running_max[slot] - reference) / sum;
+    if (group == 0 && warp == 0 && lane < 4 && row < rows_here) {
+      store_row_lse(args, split, batch_index, row, sum == 0.0f ? -INFINITY : reference + log2f(sum));
     }
   }
+  // Normalised O^T -> shared [row][dim] floats, summed over the groups in turn (the first key
+  // stage is free: every tile landed and was consumed), so that rows are stored contiguously.
+  float* staged = reinterpret_cast<float*>(shared + Layout::kKeys);
 #pragma unroll
-  for (int block = 0; block < kLatentDim / 64; ++block) {
+  for (int g = 0; g < Layout::kGroups; ++g) {
+    if (group == g) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int dim = 64 * block + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-      staged[row_of_slot(slot_of(i)) * kLatentDim + dim] = output[block][i] * normalizer[slot_of(i)];
+      for (int block = 0; block < kLatentDim / 64; ++block) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int row = accumulator_row(warp, lane, i);  // of O^T: a dim
+          const int dim = kFp8Cache ? value_dim_of_row(block, row) : 64 * block + row;
+          float& value = staged[row_of_slot(slot_of(i)) * kLatentDim + dim];
+          value = (g == 0 ? 0.0f : value) + output[block][i] * normalizer[slot_of(i)];
+        }
+      }
     }
+    sync_narrow_consumers<Layout::kConsumers>();
   }
-  sync_narrow_consumers();
   // (A row without keys stores zeros; with several splits its LSE is -inf, so the combine
   // step never reads them.)
-  for (int index = threadIdx.x; index < rows_here * (kLatentDim / 2); index += kNarrowConsumers) {
+  for (int index = threadIdx.x; index < rows_here * (kLatentDim / 2); index += Layout::kConsumers) {
     const int row = index / (kLatentDim / 2), column = 2 * (index % (kLatentDim / 2));
     store_value_pair(args, split, batch_index, row, column, staged[row * kLatentDim + column],
                      staged[row * kLatentDim + column + 1], false);
