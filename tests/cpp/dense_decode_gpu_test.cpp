@@ -492,11 +492,16 @@ const DecodeCase kCoveringCases[] = {
     // 8 tiles wrap the stages twice.
     {16, 1, 16, 4096, 16, true, false, kBf16, kFp8},
     {3, 1, 5, 4096, 256, false, true, kBf16, kFp8},
+    // 17..32 rows with an FP8 cache: the same kernel with 32 rows (Sq 2 x 16 heads, 32 heads).
+    {16, 2, 16, 4096, 64, true, true, kBf16, kFp8},
+    {2, 3, 7, 140, 128, true, true, kBf16, kFp8},
+    with({3, 1, 32, 4096, 32, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.query_magnitude = 1e5; }),
     // fp8 q (q_descale 0.02), fp8 cache
     {1, 1, 128, 4096, 64, false, false, kFp8, kFp8},
     {64, 2, 64, 140, 32, true, true, kFp8, kFp8},
     {6, 8, 16, 140, 128, false, true, kFp8, kFp8},
     {16, 2, 8, 4096, 64, true, true, kFp8, kFp8},
+    {6, 2, 16, 4096, 256, true, true, kFp8, kFp8},
     with({2, 1, 3, 20, 16, true, false, kFp8, kFp8},
          [](DecodeCase& c) { c.lse_base = LseBase::kBase2; }),
 };
@@ -531,10 +536,12 @@ TEST(DenseDecodeGpuEdges, NanQueryRowStaysNanAcrossSplits) {
   auto rng = make_rng();
   const DecodeCase huge_query_fp8 = with({1, 1, 64, 4096, 64, false, false, DType::kBFloat16, DType::kFloat8E4M3},
                                          [](DecodeCase& c) { c.query_magnitude = 1e5; });
-  const DecodeCase huge_query_fp8_narrow = with({1, 1, 16, 4096, 64, false, false, DType::kBFloat16, DType::kFloat8E4M3},
-                                                [](DecodeCase& c) { c.query_magnitude = 1e5; });
+  const DecodeCase huge_query_fp8_16_rows = with({1, 1, 16, 4096, 64, false, false, DType::kBFloat16, DType::kFloat8E4M3},
+                                                 [](DecodeCase& c) { c.query_magnitude = 1e5; });
+  const DecodeCase huge_query_fp8_32_rows = with({1, 1, 32, 4096, 64, false, false, DType::kBFloat16, DType::kFloat8E4M3},
+                                                 [](DecodeCase& c) { c.query_magnitude = 1e5; });
   for (const DecodeCase& c : {DecodeCase{1, 1, 16, 4096, 64, false, false}, DecodeCase{1, 1, 64, 4096, 64, false, false},
-                              huge_query_fp8, huge_query_fp8_narrow}) {
+                              huge_query_fp8, huge_query_fp8_16_rows, huge_query_fp8_32_rows}) {
     SCOPED_TRACE(case_name(c));
     DecodeInputs inputs = make_inputs(c, {4096}, rng);
     constexpr int64_t kNanHead = 3;

@@ -1,6 +1,6 @@
 // Dense MLA decode on Hopper: the launcher. Picks the kernel (narrow_kernel.cuh for <= 16
-// query rows; for 64-row tiles alternating_kernel.cuh with a 16-bit cache, wide_kernel.cuh with
-// an FP8 cache) and the instantiation for the dtypes, describes
+// query rows, <= 32 with an FP8 cache; else 64-row tiles: alternating_kernel.cuh with a 16-bit
+// cache, wide_kernel.cuh with an FP8 cache) and the instantiation for the dtypes, describes
 // the cache to the TMA, plans the split-KV grid from shapes alone (plan/decode_plan.h), and
 // launches the attention kernel and, when the plan has several splits, the combine kernel
 // (combine_kernel.cuh). Nothing here reads device memory or synchronises, so a call captures
@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda_check.h"
 #include "kernels/sm90/dense_decode/alternating_kernel.cuh"
@@ -89,11 +90,19 @@ void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid
                "cudaFuncSetAttribute");
     launch_kernel(kOp, kernel, grid, dim3(threads), bytes, stream, programmatic, cache_map, args);
   };
-  if (uses_narrow_kernel(args.rows)) {  // the transposed kernel: the rows are wgmma's N
-    launch(dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache>, NarrowLayout<kFp8Cache>::kThreads,
-           NarrowLayout<kFp8Cache>::kLaunchBytes);
-  } else if constexpr (kFp8Cache) {  // 64-row tiles; the warpgroups split each tile's S
-    launch(dense_decode_wide_kernel<kFp8Q>, kWideThreads, WideLayout::kLaunchBytes);
+  auto launch_narrow = [&](auto rows) {  // the transposed kernel: the rows are wgmma's N
+    using Layout = NarrowLayout<kFp8Cache, decltype(rows)::value>;
+    launch(dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache, decltype(rows)::value>, Layout::kThreads,
+           Layout::kLaunchBytes);
+  };
+  if (args.rows <= kNarrowRows) {
+    launch_narrow(std::integral_constant<int, kNarrowRows>{});
+  } else if constexpr (kFp8Cache) {
+    if (uses_narrow_kernel(args.rows, true)) {
+      launch_narrow(std::integral_constant<int, kNarrowFp8Rows>{});
+    } else {  // 64-row tiles; the warpgroups split each tile's S
+      launch(dense_decode_wide_kernel<kFp8Q>, kWideThreads, WideLayout::kLaunchBytes);
+    }
   } else {  // 64-row tiles; the warpgroups take turns on the tiles
     launch(dense_decode_alternating_kernel<kHalf>, kWideThreads, AlternatingLayout::kLaunchBytes);
   }
@@ -159,7 +168,7 @@ void dense_decode(const DenseDecodeParams& params) {
 
   const dim3 grid(unsigned(plan.row_tiles), unsigned(plan.splits), unsigned(batch));
   const cudaStream_t stream = as_cuda_stream(params.stream);
-  const CUtensorMap cache_map = make_cache_map(cache, uses_narrow_kernel(args.rows));
+  const CUtensorMap cache_map = make_cache_map(cache, uses_narrow_kernel(args.rows, fp8_cache));
   if (half) {
     launch_split<true, false, false>(cache_map, args, grid, stream, params.enable_pdl);
   } else if (fp8_q) {  // FP8 caches compute in fp16: e4m3 widens to it in one instruction

@@ -1,37 +1,39 @@
-// Dense MLA decode, split-KV attention kernel for at most 16 query rows (Sq x Hq <= 16, e.g.
-// Hq = 16 heads per GPU at tensor parallelism 8), on Hopper warpgroup MMA, transposed.
+// Dense MLA decode, split-KV attention kernel for few query rows (Sq x Hq <= 16, e.g. Hq = 16
+// heads per GPU at tensor parallelism 8; with an FP8 cache up to 32, e.g. Sq 2 x 16 heads), on
+// Hopper warpgroup MMA, transposed.
 //
 // What: as wide_kernel.cuh (softmax attention of the rows over one split's keys, V = the first
 // 512 dims of the cache rows), but computed as S^T = K Q^T and O^T = V^T P^T, so that the query
-// rows are wgmma's N (16) instead of M (64): the wide kernel would spend 3/4 of its tensor
-// work on padding rows here, which made 16-head decode compute-bound.
-// Roles: consumer warpgroups (the math) + one producer warp (TMA, as in the wide kernel:
-// key_tiles.cuh). A 16-bit cache has one consumer warpgroup; an FP8 cache has two that take
-// the tiles in turn, each with its own online softmax and O^T, merged at the end: one
-// warpgroup's chain of dependent steps per tile (fragment loads, wgmma, softmax) is longer
-// than an FP8 tile takes to stream in.
+// rows are wgmma's N (kRows = 16 or 32) instead of M (64): the wide kernel would spend 3/4 of
+// its tensor work on padding rows here, which made 16-head decode compute-bound.
+// Roles: consumer warpgroups (the math) + a producer (one thread issues the TMA, as in the
+// wide kernel: key_tiles.cuh). A 16-bit cache has one consumer warpgroup; an FP8 cache has
+// three (16 rows) or two (32 rows) that take the tiles in turn, each with its own online
+// softmax and O^T, merged at the end: one warpgroup's chain of dependent steps per tile
+// (fragment loads, wgmma, softmax) is longer than an FP8 tile takes to stream in (1 / 2 / 3
+// warpgroups measured 0.47 / 0.68 / 0.80 of the copy rate on D2 Hq 16, H200).
 // Tiling: key tiles of 64 tokens.
-// - S^T (64 keys x 16 rows): wgmma m64n16k16, 36 steps; A = the K tile (K-major), B = Q.
-//   With an FP8 cache, A comes from registers: each k step's fragment is read from the raw e4m3
-//   tile (ldmatrix) and widened to fp16 there (fp8_fragments.cuh; Q is stored with the dims
-//   of every 16-dim group in the fragments' order).
+// - S^T (64 keys x kRows): wgmma m64nNk16, 36 steps; A = the K tile (K-major), B = Q. With an
+//   FP8 cache, A comes from registers: each k step's fragment is read from the raw e4m3 tile
+//   (ldmatrix) and widened to fp16 there (fp8_fragments.cuh; Q is stored with the dims of
+//   every 16-dim group in the fragments' order).
 // - softmax over keys (the M direction): row maxima reduced across the 8 lanes that share a
 //   row, then across the 4 warps through shared memory; P^T written to shared memory.
-// - O^T (512 dims x 16 rows) += V^T P^T: 8 x 4 wgmma m64n16k16 per tile, A = V read M-major
-//   (tnspA) from the same K tile, B = P^T; 64 fp32 accumulators per thread. FP8 cache: A from
-//   registers again (4 keys x 4 dims per thread, keys paired by byte permutes), so P^T's keys
-//   and O^T's dims are stored in the fragments' order and O^T's dims restored at the end.
-// Shared memory: Q 18 KB (9 swizzled blocks of 16 lines), P^T 2 KB, and two 72 KB key stages
-// (16-bit cache) or four raw 36 KB stages (FP8 cache: nothing is widened in shared memory, and
-// the spare room keeps more bytes in flight).
+// - O^T (512 dims x kRows) += V^T P^T: 8 x 4 wgmma m64nNk16 per tile, A = V read M-major
+//   (tnspA) from the same K tile, B = P^T; 4 kRows fp32 accumulators per thread. FP8 cache: A
+//   from registers again (4 keys x 4 dims per thread, keys paired by byte permutes), so P^T's
+//   keys and O^T's dims are stored in the fragments' order and O^T's dims restored at the end.
+// Shared memory: Q (9 swizzled blocks of kRows lines), P^T per warpgroup, and two 72 KB key
+// stages (16-bit cache) or five / four raw 36 KB stages (FP8 cache: nothing is widened in
+// shared memory, and the spare room keeps more bytes in flight).
 // Pipeline: the next tiles stream in while tile t is computed; one warpgroup barrier per tile
 // (two when the tile is partial). With an FP8 cache the fragments of batch i + 1 (4 wgmma) are
-// loaded and widened while batch i runs, S^T is accumulated in two chains (even / odd k steps),
+// loaded and widened while batch i runs, S^T (16 rows) is accumulated in two chains,
 // and a stage is released as soon as its last bytes are in registers.
 // Softmax, epilogue: as the wide kernel (base-2 online softmax with -inf guards; one split
 // writes bf16 output and LSE, several write fp32 partials for the combine step). The output
 // is staged through shared memory so that the stores are row-contiguous.
-// Limits: Sq * Hq <= 16.
+// Limits: Sq * Hq <= 16 (16-bit cache) or <= 32 (FP8 cache).
 #pragma once
 
 #include "kernels/sm90/dense_decode/fp8_fragments.cuh"
@@ -41,43 +43,68 @@
 
 namespace openmla::kernels::sm90 {
 
-constexpr int kNarrowRows = 16;
+constexpr int kNarrowRows = 16;      // the 16-bit cache's narrow kernel
+constexpr int kNarrowFp8Rows = 32;   // an FP8 cache's: 16 or 32 rows
 constexpr int kNarrowGroupThreads = 128;  // one consumer warpgroup
-constexpr int kNarrowQueryBytes = kDimBlocks * kNarrowRows * 128;  // 18 KB
-// The launcher's choice of kernel (it also picks the FP8 cache's TMA swizzle).
-__host__ __device__ constexpr bool uses_narrow_kernel(int rows) { return rows <= kNarrowRows; }
+// The launcher's choice of kernel (it also picks the FP8 cache's TMA swizzle). 32 rows are
+// Sq 2 x 16 heads (speculative decoding at tensor parallelism 8) or 32 heads.
+__host__ __device__ constexpr bool uses_narrow_kernel(int rows, bool fp8_cache) {
+  return rows <= (fp8_cache ? kNarrowFp8Rows : kNarrowRows);
+}
 
-template <bool kFp8Cache>
+template <bool kFp8Cache, int kRows>
 struct NarrowLayout {
-  static constexpr int kGroups = kFp8Cache ? 2 : 1;  // consumer warpgroups
+  static_assert(kRows == 16 || (kFp8Cache && kRows == 32), "16 rows, or 32 with an FP8 cache");
+  // Consumer warpgroups taking the tiles in turn: as many as the registers allow (O^T is
+  // 4 x kRows fp32 per thread).
+  static constexpr int kGroups = !kFp8Cache ? 1 : (kRows == 16 ? 3 : 2);
   static constexpr int kConsumers = kGroups * kNarrowGroupThreads;
-  static constexpr int kThreads = kConsumers + 32;  // + the producer warp
-  static constexpr int kStages = kFp8Cache ? 4 : 2;
+  // + the producer: a warp, or with several consumer warpgroups a whole warpgroup, so that it
+  // can hand its registers to them (setmaxnreg works per warpgroup): 3 x 128 x 160 + 128 x 24
+  // or 2 x 128 x 240 + 128 x 24.
+  static constexpr int kProducerThreads = kGroups > 1 ? 128 : 32;
+  static constexpr int kThreads = kConsumers + kProducerThreads;
+  static constexpr int kConsumerRegisters = kGroups == 3 ? 160 : 240;
+  static constexpr int kStages = !kFp8Cache ? 2 : (kRows == 16 ? 5 : 4);
   static constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;
-  static constexpr int kQuery = 0;
-  static constexpr int kKeys = kNarrowQueryBytes;  // the stages
+  static constexpr int kQuery = 0;  // 9 swizzled blocks of kRows lines
+  static constexpr int kKeys = kDimBlocks * kRows * 128;  // the stages
   static constexpr int kProbabilities = kKeys + kStages * kStageBytes;  // P^T per group
-  static constexpr int kExchange = kProbabilities + kGroups * kNarrowRows * 128;  // [group][4 warps][16 rows]
-  static constexpr int kMerge = kExchange + kGroups * 4 * kNarrowRows * 4;  // [group][max, sum][16 rows]
-  static constexpr int kBarriers = kMerge + kGroups * 2 * kNarrowRows * 4;  // full[kStages], empty[kStages]
+  static constexpr int kExchange = kProbabilities + kGroups * kRows * 128;  // [group][4 warps][kRows]
+  static constexpr int kMerge = kExchange + kGroups * 4 * kRows * 4;  // [group][max, sum][kRows]
+  static constexpr int kBarriers = kMerge + kGroups * 2 * kRows * 4;  // full[kStages], empty[kStages]
   static constexpr int kBytes = kBarriers + 2 * kStages * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
-  // After the last tile the output is staged in the first key stage: [16 rows][512] floats.
-  static_assert(kNarrowRows * kLatentDim * 4 <= kStageBytes, "output staging fits a stage");
+  // After the last tile the output is staged in the key stages: [kRows][512] floats.
+  static_assert(kRows * kLatentDim * 4 <= kStages * kStageBytes, "output staging fits the stages");
   static_assert(kKeys % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled stages are 1024-byte aligned");
-  static_assert(kStages % kGroups == 0, "a stage always serves the same group");
   static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ the q amax word)");
 };
 
-// Named barriers: 1 + group for one consumer warpgroup, 3 for all consumers.
+// Named barriers: 1 + group for one consumer warpgroup, 4 for all consumers.
 __device__ __forceinline__ void sync_narrow_group(int group) { sync_named(1 + group, kNarrowGroupThreads); }
 template <int kConsumers>
-__device__ __forceinline__ void sync_narrow_consumers() { sync_named(3, kConsumers); }
+__device__ __forceinline__ void sync_narrow_consumers() { sync_named(4, kConsumers); }
 
-template <bool kHalf, bool kFp8Q, bool kFp8Cache>
-__global__ void __launch_bounds__(NarrowLayout<kFp8Cache>::kThreads, 1)
+// Register buffers of A fragments in the FP8 loops (2: the 160 registers of three warpgroups).
+constexpr int kFragmentBuffers = 2;
+
+// D (64 x kRows) += A (an m64k16 fragment in registers) * B (K-major, kRows lines).
+template <bool kHalf, int kRows>
+__device__ __forceinline__ void wgmma_rows_a_registers(float (&d)[kRows / 2], const uint32_t (&a)[4], uint64_t b,
+                                                       bool accumulate) {
+  if constexpr (kRows == 16) {
+    wgmma_64x16x16_a_registers<kHalf>(d, a, b, accumulate);
+  } else {
+    wgmma_64x32x16_a_registers<kHalf>(d, a, b, accumulate);
+  }
+}
+
+template <bool kHalf, bool kFp8Q, bool kFp8Cache, int kRows>
+__global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     dense_decode_narrow_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
-  using Layout = NarrowLayout<kFp8Cache>;
+  using Layout = NarrowLayout<kFp8Cache, kRows>;
+  constexpr int kSlots = kRows / 4;  // query rows per thread (accumulator columns)
   static_assert(kHalf || !kFp8Cache, "an FP8 cache computes in fp16");
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
@@ -90,33 +117,36 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache>::kThreads, 1)
   allow_next_grid();
 
   const int split = blockIdx.y, batch_index = blockIdx.z;
-  const int rows_here = args.rows;  // <= 16: one row tile
+  const int rows_here = args.rows;  // <= kRows: one row tile
   const KeyRange range = split_key_range<kTileKeys>(args, batch_index, split, 0, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;
 
-  // A stage is released by the one warpgroup that consumes it.
+  // A stage is released by the one warpgroup that consumes the tile in it (tile t: stage
+  // t % kStages, warpgroup t % kGroups).
   init_stage_barriers(full, empty, kNarrowGroupThreads, Layout::kStages);
   __syncthreads();  // the last barrier of all threads: the producer warp leaves after its loop
   if (threadIdx.x >= Layout::kConsumers) {
+    if constexpr (Layout::kGroups > 1) set_register_count<kProducerRegisters, false>();
     if (threadIdx.x == Layout::kConsumers) {
       produce_key_tiles<kFp8Cache, Layout::kStages>(&cache_map, args, table_row, range, stages, full, empty);
     }
     return;
   }
+  if constexpr (Layout::kGroups > 1) set_register_count<Layout::kConsumerRegisters, true>();
 
   const int group = threadIdx.x / kNarrowGroupThreads;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  uint8_t* probabilities = shared + Layout::kProbabilities + group * (kNarrowRows * 128);  // P^T [row][key], swizzled
-  float* exchange = reinterpret_cast<float*>(shared + Layout::kExchange) + group * 4 * kNarrowRows;
+  uint8_t* probabilities = shared + Layout::kProbabilities + group * (kRows * 128);  // P^T [row][key], swizzled
+  float* exchange = reinterpret_cast<float*>(shared + Layout::kExchange) + group * 4 * kRows;
   float* merge = reinterpret_cast<float*>(shared + Layout::kMerge);
 
   // Q by the first warpgroup (the others wait at the consumer barrier below).
   __shared__ float logit_factor;
   if (group == 0) {
-    const float factor = load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kNarrowRows,
+    const float factor = load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kRows,
                                          kNarrowGroupThreads>(args, batch_index, 0, rows_here, query, 1);
-    if constexpr (kFp8Cache) interleave_query_pairs<kNarrowRows>(query, threadIdx.x, kNarrowGroupThreads);
+    if constexpr (kFp8Cache) interleave_query_pairs<kRows>(query, threadIdx.x, kNarrowGroupThreads);
     if (threadIdx.x == 0) logit_factor = factor;
     fence_shared_for_async_proxy();
   }
@@ -124,27 +154,31 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache>::kThreads, 1)
   const float logit_scale = args.logit_scale_log2 * logit_factor;
 
   // Accumulator element i of this thread: key (M) 16 warp + lane / 4 + 8 ((i / 2) % 2), query
-  // row (N) 8 (i / 4) + 2 (lane % 4) + i % 2. A thread holds 4 rows ("slots" 2 (i / 4) + i % 2)
-  // x 2 keys of S^T, and the same 4 rows of O^T.
+  // row (N) 8 (i / 4) + 2 (lane % 4) + i % 2. A thread holds kSlots rows ("slots"
+  // 2 (i / 4) + i % 2) x 2 keys of S^T, and the same rows of O^T.
   auto slot_of = [](int i) { return 2 * (i / 4) + i % 2; };
   auto row_of_slot = [lane](int slot) { return 8 * (slot / 2) + 2 * (lane % 4) + slot % 2; };
-  int visible[4];
+  int visible[kSlots];
 #pragma unroll
-  for (int slot = 0; slot < 4; ++slot) visible[slot] = row_visible_end(args, range, 0, row_of_slot(slot), rows_here);
+  for (int slot = 0; slot < kSlots; ++slot) visible[slot] = row_visible_end(args, range, 0, row_of_slot(slot), rows_here);
 
-  float output[kLatentDim / 64][8];  // O^T: 8 M tiles of 64 dims x 16 rows
+  float output[kLatentDim / 64][kRows / 2];  // O^T: 8 M tiles of 64 dims x kRows
 #pragma unroll
   for (int block = 0; block < kLatentDim / 64; ++block) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) output[block][i] = 0.0f;
+    for (int i = 0; i < kRows / 2; ++i) output[block][i] = 0.0f;
   }
-  float running_max[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-  float running_sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // over this thread's keys only
+  float running_max[kSlots], running_sum[kSlots];  // the sums over this thread's keys only
+#pragma unroll
+  for (int slot = 0; slot < kSlots; ++slot) {
+    running_max[slot] = -INFINITY;
+    running_sum[slot] = 0.0f;
+  }
 
   const uint64_t query_descriptor = make_descriptor(query, 16, 1024);
   const uint64_t probability_descriptor = make_descriptor(probabilities, 16, 1024);
   auto query_step = [&](int k) {  // B of k step k: dims 16 k ..
-    return advance_descriptor(query_descriptor, (k / 4) * (kNarrowRows * 128) + (k % 4) * 32);
+    return advance_descriptor(query_descriptor, (k / 4) * (kRows * 128) + (k % 4) * 32);
   };
   const KeyFragmentReader key_reader(warp, lane);      // FP8 cache only
   const ValueFragmentReader value_reader(warp, lane);  // FP8 cache only
@@ -166,13 +200,15 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache>::kThreads, 1)
     }
 
     // S^T = K Q^T.
-    float scores[8];
+    float scores[kRows / 2];
     if constexpr (kFp8Cache) {
-      // Batches of 4 k steps; batch i + 1 is read and widened while batch i multiplies. Even
-      // and odd k steps accumulate in separate chains (summed below).
+      // Batches of 4 k steps in kFragmentBuffers register buffers: batch i + 1 is read and
+      // widened while batch i multiplies. With 16 rows even and odd k steps accumulate in
+      // separate chains (summed below); 32 rows have no registers to spare for it.
       constexpr int kBatches = kHeadDim / 64;
-      float odd_scores[8];
-      uint32_t fragments[2][4][4];
+      constexpr bool kTwoChains = kRows == 16;
+      float odd_scores[kTwoChains ? kRows / 2 : 1];
+      uint32_t fragments[kFragmentBuffers][4][4];
       auto load_batch = [&](int batch, uint32_t(&into)[4][4]) {
         key_reader.load(keys, 2 * batch, into[0], into[1]);
         key_reader.load(keys, 2 * batch + 1, into[2], into[3]);
@@ -183,20 +219,27 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache>::kThreads, 1)
         wgmma_fence();  // this batch's fragments were just written
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          wgmma_64x16x16_a_registers<kHalf>(k % 2 == 0 ? scores : odd_scores, fragments[batch % 2][k],
-                                            query_step(4 * batch + k), batch > 0 || k >= 2);
+          const uint32_t(&fragment)[4] = fragments[batch % kFragmentBuffers][k];
+          if constexpr (kTwoChains) {
+            wgmma_rows_a_registers<kHalf, kRows>(k % 2 == 0 ? scores : odd_scores, fragment, query_step(4 * batch + k),
+                                                 batch > 0 || k >= 2);
+          } else {
+            wgmma_rows_a_registers<kHalf, kRows>(scores, fragment, query_step(4 * batch + k), batch > 0 || k > 0);
+          }
         }
         wgmma_commit();
         if (batch + 1 < kBatches) {
-          wgmma_wait<1>();  // batch - 1 has read the registers refilled here
-          load_batch(batch + 1, fragments[(batch + 1) % 2]);
+          wgmma_wait<kFragmentBuffers - 1>();  // the batch that used these registers is done
+          load_batch(batch + 1, fragments[(batch + 1) % kFragmentBuffers]);
         }
       }
       wgmma_wait<0>();
       fence_accumulators(scores);
-      fence_accumulators(odd_scores);
+      if constexpr (kTwoChains) {
+        fence_accumulators(odd_scores);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) scores[i] += odd_scores[i];
+        for (int i = 0; i < kRows / 2; ++i) scores[i] += odd_scores[i];
+      }
     } else {
       const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);
       wgmma_fence();
@@ -211,36 +254,38 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache>::kThreads, 1)
     }
 
     // Online softmax over keys, base 2.
-    float tile_max[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    float tile_max[kSlots];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int slot = 0; slot < kSlots; ++slot) tile_max[slot] = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kRows / 2; ++i) {
       const int key = first_key + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
       scores[i] = key < visible[slot_of(i)] ? scores[i] * logit_scale : -INFINITY;
       tile_max[slot_of(i)] = fmaxf(tile_max[slot_of(i)], scores[i]);
     }
 #pragma unroll
-    for (int slot = 0; slot < 4; ++slot) {
+    for (int slot = 0; slot < kSlots; ++slot) {
 #pragma unroll
       for (int mask = 4; mask < 32; mask *= 2) {
         tile_max[slot] = fmaxf(tile_max[slot], __shfl_xor_sync(0xffffffffu, tile_max[slot], mask));
       }
-      if (lane < 4) exchange[warp * kNarrowRows + row_of_slot(slot)] = tile_max[slot];
+      if (lane < 4) exchange[warp * kRows + row_of_slot(slot)] = tile_max[slot];
     }
     sync_narrow_group(group);  // all warps' maxima in; also every warp finished the last O^T update
-    float rescale[4], reference[4];
+    float rescale[kSlots], reference[kSlots];
 #pragma unroll
-    for (int slot = 0; slot < 4; ++slot) {
+    for (int slot = 0; slot < kSlots; ++slot) {
       const int row = row_of_slot(slot);
       const float new_max =
-          fmaxf(fmaxf(running_max[slot], fmaxf(exchange[row], exchange[kNarrowRows + row])),
-                fmaxf(exchange[2 * kNarrowRows + row], exchange[3 * kNarrowRows + row]));
+          fmaxf(fmaxf(running_max[slot], fmaxf(exchange[row], exchange[kRows + row])),
+                fmaxf(exchange[2 * kRows + row], exchange[3 * kRows + row]));
       reference[slot] = new_max == -INFINITY ? 0.0f : new_max;
       rescale[slot] = exp2f(running_max[slot] - reference[slot]);
       running_max[slot] = new_max;
       running_sum[slot] *= rescale[slot];
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < kRows / 2; ++i) {
       const float probability = exp2f(scores[i] - reference[slot_of(i)]);
       running_sum[slot_of(i)] += probability;
       const int key = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
@@ -248,11 +293,14 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache>::kThreads, 1)
       *reinterpret_cast<uint16_t*>(probabilities + swizzled_offset(row_of_slot(slot_of(i)), column)) =
           uint16_t(pack_two<kHalf>(probability, 0.0f) & 0xffffu);
     }
-    if (rescale[0] != 1.0f || rescale[1] != 1.0f || rescale[2] != 1.0f || rescale[3] != 1.0f) {
+    bool rescaled = false;
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) rescaled |= rescale[slot] != 1.0f;
+    if (rescaled) {
 #pragma unroll
       for (int block = 0; block < kLatentDim / 64; ++block) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) output[block][i] *= rescale[slot_of(i)];
+        for (int i = 0; i < kRows / 2; ++i) output[block][i] *= rescale[slot_of(i)];
       }
     }
     fence_shared_for_async_proxy();
@@ -261,9 +309,10 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache>::kThreads, 1)
     // O^T += V^T P^T.
     if constexpr (kFp8Cache) {
       // A batch = one k step (16 keys) of four M tiles (256 dims): two load batches of 4 keys x
-      // 4 dims per thread. k steps outermost, so consecutive batches chain no accumulator.
+      // 4 dims per thread; buffers as above. k steps outermost, so consecutive batches
+      // chain no accumulator.
       constexpr int kPairs = kLatentDim / 128, kSteps = kTileKeys / 16, kBatches = kSteps * kPairs / 2;
-      uint32_t fragments[2][4][4];
+      uint32_t fragments[kFragmentBuffers][4][4];
       auto load_batch = [&](int batch, uint32_t(&into)[4][4]) {
         const int k = batch / (kPairs / 2), first_pair = 2 * (batch % (kPairs / 2));
         value_reader.load(keys, first_pair, k, into[0], into[1]);
@@ -277,12 +326,13 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache>::kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          wgmma_64x16x16_a_registers<kHalf>(output[first_tile + j], fragments[batch % 2][j], probability_step, true);
+          wgmma_rows_a_registers<kHalf, kRows>(output[first_tile + j], fragments[batch % kFragmentBuffers][j],
+                                               probability_step, true);
         }
         wgmma_commit();
         if (batch + 1 < kBatches) {
-          wgmma_wait<1>();
-          load_batch(batch + 1, fragments[(batch + 1) % 2]);
+          wgmma_wait<kFragmentBuffers - 1>();
+          load_batch(batch + 1, fragments[(batch + 1) % kFragmentBuffers]);
         }
       }
       mbarrier_arrive(&empty[stage]);  // every byte of the raw tile this thread reads is in registers
@@ -310,40 +360,40 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache>::kThreads, 1)
 
   // Row sums: this thread's keys, then the 8 lanes of the row, then the 4 warps.
 #pragma unroll
-  for (int slot = 0; slot < 4; ++slot) {
+  for (int slot = 0; slot < kSlots; ++slot) {
 #pragma unroll
     for (int mask = 4; mask < 32; mask *= 2) running_sum[slot] += __shfl_xor_sync(0xffffffffu, running_sum[slot], mask);
   }
   sync_narrow_group(group);  // the last tile's reads of the exchange are done
   if (lane < 4) {
 #pragma unroll
-    for (int slot = 0; slot < 4; ++slot) exchange[warp * kNarrowRows + row_of_slot(slot)] = running_sum[slot];
+    for (int slot = 0; slot < kSlots; ++slot) exchange[warp * kRows + row_of_slot(slot)] = running_sum[slot];
   }
   sync_narrow_group(group);
   // Each group's (max, sum) per row, then the merged row: max M = max over groups of m_g, sum
   // L = sum of l_g 2^(m_g - M); this group's O^T is scaled by 2^(m_g - M) / L.
   if (warp == 0 && lane < 4) {
 #pragma unroll
-    for (int slot = 0; slot < 4; ++slot) {
+    for (int slot = 0; slot < kSlots; ++slot) {
       const int row = row_of_slot(slot);
-      merge[(2 * group) * kNarrowRows + row] = running_max[slot];
-      merge[(2 * group + 1) * kNarrowRows + row] = exchange[row] + exchange[kNarrowRows + row] +
-                                                   exchange[2 * kNarrowRows + row] + exchange[3 * kNarrowRows + row];
+      merge[(2 * group) * kRows + row] = running_max[slot];
+      merge[(2 * group + 1) * kRows + row] = exchange[row] + exchange[kRows + row] +
+                                                   exchange[2 * kRows + row] + exchange[3 * kRows + row];
     }
   }
   sync_narrow_consumers<Layout::kConsumers>();
-  float normalizer[4];
+  float normalizer[kSlots];
 #pragma unroll
-  for (int slot = 0; slot < 4; ++slot) {
+  for (int slot = 0; slot < kSlots; ++slot) {
     const int row = row_of_slot(slot);
     float row_max = -INFINITY;
 #pragma unroll
-    for (int g = 0; g < Layout::kGroups; ++g) row_max = fmaxf(row_max, merge[(2 * g) * kNarrowRows + row]);
+    for (int g = 0; g < Layout::kGroups; ++g) row_max = fmaxf(row_max, merge[(2 * g) * kRows + row]);
     const float reference = row_max == -INFINITY ? 0.0f : row_max;
     float sum = 0.0f;
 #pragma unroll
     for (int g = 0; g < Layout::kGroups; ++g) {
-      sum += merge[(2 * g + 1) * kNarrowRows + row] * exp2f(merge[(2 * g) * kNarrowRows + row] - reference);
+      sum += merge[(2 * g + 1) * kRows + row] * exp2f(merge[(2 * g) * kRows + row] - reference);
     }
     normalizer[slot] = sum == 0.0f ? 0.0f : args.value_scale * exp2f(running_max[slot] - reference) / sum;
     if (group == 0 && warp == 0 && lane < 4 && row < rows_here) {
@@ -359,7 +409,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache>::kThreads, 1)
 #pragma unroll
       for (int block = 0; block < kLatentDim / 64; ++block) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < kRows / 2; ++i) {
           const int row = accumulator_row(warp, lane, i);  // of O^T: a dim
           const int dim = kFp8Cache ? value_dim_of_row(block, row) : 64 * block + row;
           float& value = staged[row_of_slot(slot_of(i)) * kLatentDim + dim];
