@@ -1,4 +1,5 @@
-// Dense MLA decode, combine step: merges the per-split partial outputs of each query row.
+// Dense MLA decode, combine step: merges the per-split partial outputs of each query row
+// (the arguments are the attention kernel's SplitArgs).
 //
 // What: for row (b, m), with split LSEs l_i (base 2) and outputs O_i (fp32, each normalised
 // over its own keys): L = log2(sum_i 2^l_i), out = sum_i 2^(l_i - L) O_i, written as bf16 with
@@ -30,17 +31,6 @@ constexpr int kCombineGroups = 4;
 constexpr int kCombineThreads = kCombineColumnThreads * kCombineGroups;
 static_assert(kCombineThreads >= kMaxDecodeSplits, "one LSE per thread");
 
-struct CombineArgs {
-  const float* partial_out;  // [split][batch][rows][512]
-  const float* partial_lse;  // [split][batch][rows], base 2
-  int splits, batch, rows, heads;
-  uint16_t* out;
-  int64_t out_batch, out_token, out_head;
-  float* lse;  // null when not requested
-  int64_t lse_batch, lse_token, lse_head;
-  bool lse_base2;
-};
-
 // Order-preserving map of floats to ints (for an integer atomicMax), and back.
 __device__ __forceinline__ int float_order_key(float value) {
   const int bits = __float_as_int(value);
@@ -50,7 +40,7 @@ __device__ __forceinline__ float float_from_order_key(int key) {
   return __int_as_float(key >= 0 ? key : key ^ 0x7fffffff);
 }
 
-__global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(CombineArgs args) {
+__global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(SplitArgs args) {
   __shared__ float weights[kMaxDecodeSplits];  // 2^(l_i - max), 0 for an empty split
   __shared__ int max_key, has_nan;
   __shared__ float4 group_sums[kCombineGroups - 1][kCombineColumnThreads];

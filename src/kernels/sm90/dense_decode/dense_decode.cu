@@ -180,25 +180,9 @@ void dense_decode(const DenseDecodeParams& params) {
   }
 
   if (plan.splits > 1) {
-    CombineArgs combine{};
-    combine.partial_out = args.partial_out;
-    combine.partial_lse = args.partial_lse;
-    combine.splits = args.splits;
-    combine.batch = batch;
-    combine.rows = args.rows;
-    combine.heads = heads;
-    combine.out = args.out;
-    combine.out_batch = args.out_batch;
-    combine.out_token = args.out_token;
-    combine.out_head = args.out_head;
-    combine.lse = args.lse;
-    combine.lse_batch = args.lse_batch;
-    combine.lse_token = args.lse_token;
-    combine.lse_head = args.lse_head;
-    combine.lse_base2 = args.lse_base2;
     launch_kernel(kOp, dense_decode_combine_kernel,
                   dim3(unsigned(int64_t(batch) * args.rows * kCombineColumnBlocks)), dim3(kCombineThreads), 0,
-                  stream, params.enable_pdl, combine);
+                  stream, params.enable_pdl, args);
   }
 }
 

@@ -20,7 +20,6 @@
 
 namespace openmla::kernels::sm90 {
 
-constexpr int kTileKeys = 64;                                     // keys per tile
 constexpr int kDimBlocks = kHeadDim / 64;                         // 9 swizzled blocks per tile
 constexpr int kTileBlockBytes = kDimBlocks * kSwizzleBlockBytes;  // 72 KB: 64 lines x 576
 constexpr int kRawFp8StageBytes = kTileKeys * kHeadDim;           // 36 KB

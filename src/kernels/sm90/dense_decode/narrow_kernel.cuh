@@ -28,7 +28,7 @@
 // shared memory, and the spare room keeps more bytes in flight).
 // Pipeline: the next tiles stream in while tile t is computed; one warpgroup barrier per tile
 // (two when the tile is partial). With an FP8 cache the fragments of batch i + 1 (4 wgmma) are
-// loaded and widened while batch i runs, S^T (16 rows) is accumulated in two chains,
+// loaded and widened while batch i runs, S^T (16 rows) is accumulated in 2 or 4 chains,
 // and a stage is released as soon as its last bytes are in registers.
 // Softmax, epilogue: as the wide kernel (base-2 online softmax with -inf guards; one split
 // writes bf16 output and LSE, several write fp32 partials for the combine step). The output
@@ -65,6 +65,13 @@ struct NarrowLayout {
   static constexpr int kProducerThreads = kGroups > 1 ? 128 : 32;
   static constexpr int kThreads = kConsumers + kProducerThreads;
   static constexpr int kConsumerRegisters = kGroups == 3 ? 160 : 240;
+  // setmaxnreg.inc waits until the registers are free: what the producer gives back from the
+  // launch allocation (65536 / kThreads, in steps of 8) must cover what the consumers take, or
+  // the kernel hangs (as 4 consumer warpgroups at 120 did).
+  static constexpr int kLaunchRegisters = (65536 / kThreads) / 8 * 8;
+  static_assert(kGroups == 1 || (kConsumerRegisters - kLaunchRegisters) * kConsumers <=
+                                    (kLaunchRegisters - kProducerRegisters) * kProducerThreads,
+                "the consumers' setmaxnreg.inc must be satisfiable");
   static constexpr int kStages = !kFp8Cache ? 2 : (kRows == 16 ? 5 : 4);
   static constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;
   static constexpr int kQuery = 0;  // 9 swizzled blocks of kRows lines
@@ -105,6 +112,9 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     dense_decode_narrow_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
   using Layout = NarrowLayout<kFp8Cache, kRows>;
   constexpr int kSlots = kRows / 4;  // query rows per thread (accumulator columns)
+  // Independent accumulator chains of S^T: as many as the registers allow (one warpgroup: 4;
+  // three warpgroups at 160 registers: 2; 32 rows: none spare).
+  constexpr int kChains = !kFp8Cache ? 4 : (kRows == 16 ? 2 : 1);
   static_assert(kHalf || !kFp8Cache, "an FP8 cache computes in fp16");
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
@@ -118,7 +128,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
 
   const int split = blockIdx.y, batch_index = blockIdx.z;
   const int rows_here = args.rows;  // <= kRows: one row tile
-  const KeyRange range = split_key_range<kTileKeys>(args, batch_index, split, 0, rows_here);
+  const KeyRange range = split_key_range(args, batch_index, split, 0, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;
 
@@ -199,15 +209,13 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
       sync_narrow_group(group);
     }
 
-    // S^T = K Q^T.
-    float scores[kRows / 2];
+    // S^T = K Q^T, its 36 k steps spread over kChains independent accumulators (summed
+    // below): one chain of dependent wgmma is latency-bound at these small N.
+    float chains[kChains][kRows / 2];
     if constexpr (kFp8Cache) {
       // Batches of 4 k steps in kFragmentBuffers register buffers: batch i + 1 is read and
-      // widened while batch i multiplies. With 16 rows even and odd k steps accumulate in
-      // separate chains (summed below); 32 rows have no registers to spare for it.
+      // widened while batch i multiplies.
       constexpr int kBatches = kHeadDim / 64;
-      constexpr bool kTwoChains = kRows == 16;
-      float odd_scores[kTwoChains ? kRows / 2 : 1];
       uint32_t fragments[kFragmentBuffers][4][4];
       auto load_batch = [&](int batch, uint32_t(&into)[4][4]) {
         key_reader.load(keys, 2 * batch, into[0], into[1]);
@@ -219,13 +227,9 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
         wgmma_fence();  // this batch's fragments were just written
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const uint32_t(&fragment)[4] = fragments[batch % kFragmentBuffers][k];
-          if constexpr (kTwoChains) {
-            wgmma_rows_a_registers<kHalf, kRows>(k % 2 == 0 ? scores : odd_scores, fragment, query_step(4 * batch + k),
-                                                 batch > 0 || k >= 2);
-          } else {
-            wgmma_rows_a_registers<kHalf, kRows>(scores, fragment, query_step(4 * batch + k), batch > 0 || k > 0);
-          }
+          const int step = 4 * batch + k;
+          wgmma_rows_a_registers<kHalf, kRows>(chains[step % kChains], fragments[batch % kFragmentBuffers][k],
+                                               query_step(step), step >= kChains);
         }
         wgmma_commit();
         if (batch + 1 < kBatches) {
@@ -233,24 +237,26 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
           load_batch(batch + 1, fragments[(batch + 1) % kFragmentBuffers]);
         }
       }
-      wgmma_wait<0>();
-      fence_accumulators(scores);
-      if constexpr (kTwoChains) {
-        fence_accumulators(odd_scores);
-#pragma unroll
-        for (int i = 0; i < kRows / 2; ++i) scores[i] += odd_scores[i];
-      }
     } else {
       const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);
       wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kHeadDim / 16; ++k) {
-        wgmma_64x16x16<kHalf>(scores, advance_descriptor(key_descriptor, (k / 4) * kSwizzleBlockBytes + (k % 4) * 32),
-                              query_step(k), k > 0);
+      for (int step = 0; step < kHeadDim / 16; ++step) {
+        wgmma_64x16x16<kHalf>(chains[step % kChains],
+                              advance_descriptor(key_descriptor, (step / 4) * kSwizzleBlockBytes + (step % 4) * 32),
+                              query_step(step), step >= kChains);
       }
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_accumulators(scores);
+    }
+    wgmma_wait<0>();
+    float scores[kRows / 2];
+#pragma unroll
+    for (int chain = 0; chain < kChains; ++chain) fence_accumulators(chains[chain]);
+#pragma unroll
+    for (int i = 0; i < kRows / 2; ++i) {
+      scores[i] = chains[0][i];
+#pragma unroll
+      for (int chain = 1; chain < kChains; ++chain) scores[i] += chains[chain][i];
     }
 
     // Online softmax over keys, base 2.

@@ -18,6 +18,7 @@
 namespace openmla::kernels::sm90 {
 
 constexpr int kRowsPerTile = 64;  // query rows per CTA (Sq x Hq folded, row m = s * Hq + h)
+constexpr int kTileKeys = 64;     // keys per tile (and splits are whole tiles)
 static_assert(kRowsPerTile == kDecodeRowsPerTile, "the plan's row tiles are the grid's x");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;  // base-2 LSE -> natural: one multiply everywhere
@@ -90,7 +91,6 @@ __device__ __forceinline__ uint4 widen_fp8x8(uint2 bytes) {
 struct KeyRange {
   int length, begin, end, tiles;
 };
-template <int kTileKeys>
 __device__ __forceinline__ KeyRange split_key_range(const SplitArgs& args, int batch_index, int split,
                                                     int first_row, int rows_here) {
   KeyRange range;
