@@ -301,30 +301,15 @@ __global__ void __launch_bounds__(kWideThreads, 1)
 
   // Row sums: this thread's keys, the quad, then the other warpgroup's tiles.
   float* sums = reinterpret_cast<float*>(shared + Layout::kSums);  // [warpgroup][row]
+  sum_over_quad(running_sum);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    running_sum[half] += __shfl_xor_sync(0xffffffffu, running_sum[half], 1);
-    running_sum[half] += __shfl_xor_sync(0xffffffffu, running_sum[half], 2);
     if (lane % 4 == 0) sums[warpgroup * kRowsPerTile + row0 + 8 * half] = running_sum[half];
   }
   signal(warpgroup == 0 ? kSumsOf0 : kSumsOf1);
   await(warpgroup == 0 ? kSumsOf1 : kSumsOf0, 0);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = row0 + 8 * half;
-    const float sum = running_sum[half] + sums[(1 - warpgroup) * kRowsPerTile + row];
-    if (row >= rows_here) continue;
-    const int m = first_row + row;
-    const bool empty_row = sum == 0.0f;
-    const float normalizer = empty_row ? 0.0f : args.value_scale / sum;
-    const float lse2 = empty_row ? -INFINITY : running_max[half] + log2f(sum);
-#pragma unroll
-    for (int i = 2 * half; i < 128; i += 4) {
-      store_value_pair(args, split, batch_index, m, warpgroup * 256 + 8 * (i / 4) + 2 * (lane % 4),
-                       output[i] * normalizer, output[i + 1] * normalizer, empty_row);
-    }
-    if (warpgroup == 0 && lane % 4 == 0) store_row_lse(args, split, batch_index, m, lse2);
-  }
+  store_wide_output(args, split, batch_index, first_row, rows_here, warpgroup, lane, row0, running_max, running_sum,
+                    sums + (1 - warpgroup) * kRowsPerTile, output);
 }
 
 }  // namespace openmla::kernels::sm90

@@ -265,5 +265,40 @@ __device__ __forceinline__ void query_fragment(const uint8_t* query, int step, i
 // The 256 consumer threads only (the producer warpgroup is not part of it).
 __device__ __forceinline__ void sync_consumers() { sync_named(1, kConsumerThreads); }
 
+// The 64-row kernels' epilogue for one consumer warpgroup: it holds O for its 256 value
+// columns (m64n256 accumulators) and, for rows row0 and row0 + 8 of its warp, the running
+// maximum and the row sums over its own keys, which `other_sums` ([row] of the other
+// warpgroup's sums) completes. Writes the normalised output (or the split's partial) and the LSE.
+__device__ __forceinline__ void store_wide_output(const SplitArgs& args, int split, int batch_index, int first_row,
+                                                  int rows_here, int warpgroup, int lane, int row0,
+                                                  const float (&running_max)[2], const float (&running_sum)[2],
+                                                  const float* other_sums, const float (&output)[128]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + 8 * half;
+    const float sum = running_sum[half] + other_sums[row];
+    if (row >= rows_here) continue;
+    const int m = first_row + row;
+    const bool empty_row = sum == 0.0f;
+    const float normalizer = empty_row ? 0.0f : args.value_scale / sum;
+    const float lse2 = empty_row ? -INFINITY : running_max[half] + log2f(sum);
+#pragma unroll
+    for (int i = 2 * half; i < 128; i += 4) {
+      store_value_pair(args, split, batch_index, m, warpgroup * 256 + 8 * (i / 4) + 2 * (lane % 4),
+                       output[i] * normalizer, output[i + 1] * normalizer, empty_row);
+    }
+    if (warpgroup == 0 && lane % 4 == 0) store_row_lse(args, split, batch_index, m, lse2);
+  }
+}
+
+// Row sums of the m64 accumulator rows: each of the 4 lanes of a quad holds its own columns'.
+__device__ __forceinline__ void sum_over_quad(float (&sums)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    sums[half] += __shfl_xor_sync(0xffffffffu, sums[half], 1);
+    sums[half] += __shfl_xor_sync(0xffffffffu, sums[half], 2);
+  }
+}
+
 
 }  // namespace openmla::kernels::sm90

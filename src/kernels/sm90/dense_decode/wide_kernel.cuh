@@ -220,33 +220,15 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     fence_accumulators(output);
   }
 
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    running_sum[half] += __shfl_xor_sync(0xffffffffu, running_sum[half], 1);
-    running_sum[half] += __shfl_xor_sync(0xffffffffu, running_sum[half], 2);
-  }
+  sum_over_quad(running_sum);
   sync_consumers();  // the last tile's reads of the exchange are done
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     if (lane % 4 == 0) exchange[warpgroup * kRowsPerTile + row0 + 8 * half] = running_sum[half];
   }
   sync_consumers();  // each warpgroup summed only its own keys: add the other's
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = row0 + 8 * half;
-    const float sum = running_sum[half] + exchange[(1 - warpgroup) * kRowsPerTile + row];
-    if (row >= rows_here) continue;
-    const int m = first_row + row;
-    const bool empty_row = sum == 0.0f;
-    const float normalizer = empty_row ? 0.0f : args.value_scale / sum;
-    const float lse2 = empty_row ? -INFINITY : running_max[half] + log2f(sum);
-#pragma unroll
-    for (int i = 2 * half; i < 128; i += 4) {
-      store_value_pair(args, split, batch_index, m, warpgroup * 256 + 8 * (i / 4) + 2 * (lane % 4),
-                       output[i] * normalizer, output[i + 1] * normalizer, empty_row);
-    }
-    if (warpgroup == 0 && lane % 4 == 0) store_row_lse(args, split, batch_index, m, lse2);
-  }
+  store_wide_output(args, split, batch_index, first_row, rows_here, warpgroup, lane, row0, running_max, running_sum,
+                    exchange + (1 - warpgroup) * kRowsPerTile, output);
 }
 
 }  // namespace openmla::kernels::sm90
