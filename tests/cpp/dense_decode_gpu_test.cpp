@@ -453,6 +453,8 @@ const DecodeCase kSmallCases[] = {
     {2, 8, 16, 20, 32, false, true, kFp16, kFp16},
     {6, 1, 63, 140, 256, true, false, kBf16, kFp8},
     {2, 2, 64, 140, 64, true, true, kFp8, kFp8},
+    {2, 2, 8, 140, 32, true, true, kFp8, kFp8},     // FP8 narrow kernel, 16 rows (3 warpgroups)
+    {3, 1, 20, 140, 64, true, false, kBf16, kFp8},  // FP8 narrow kernel, 32 rows (2 warpgroups)
     with({1, 4, 128, 20, 16, false, false}, [](DecodeCase& c) { c.strided_q = true; }),
     with({6, 2, 126, 20, 32, true, true}, [](DecodeCase& c) { c.cache_with_head_dim = true; }),
 };

@@ -79,8 +79,9 @@ struct NarrowLayout {
   static constexpr int kProbabilities = kKeys + kStages * kStageBytes;  // P^T per group
   static constexpr int kExchange = kProbabilities + kGroups * kRows * 128;  // [group][4 warps][kRows]
   static constexpr int kMerge = kExchange + kGroups * 4 * kRows * 4;  // [group][max, sum][kRows]
-  static constexpr int kBarriers = kMerge + kGroups * 2 * kRows * 4;  // full[kStages], empty[kStages]
-  static constexpr int kBytes = kBarriers + 2 * kStages * 8;
+  // full[kStages], empty[kStages], then the consumers' barrier
+  static constexpr int kBarriers = kMerge + kGroups * 2 * kRows * 4;
+  static constexpr int kBytes = kBarriers + (2 * kStages + 1) * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
   // After the last tile the output is staged in the key stages: [kRows][512] floats.
   static_assert(kRows * kLatentDim * 4 <= kStages * kStageBytes, "output staging fits the stages");
@@ -88,10 +89,20 @@ struct NarrowLayout {
   static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ the q amax word)");
 };
 
-// Named barriers: 1 + group for one consumer warpgroup, 4 for all consumers.
+// Named barriers 1 + group: one consumer warpgroup.
 __device__ __forceinline__ void sync_narrow_group(int group) { sync_named(1 + group, kNarrowGroupThreads); }
-template <int kConsumers>
-__device__ __forceinline__ void sync_narrow_consumers() { sync_named(4, kConsumers); }
+// All consumer warpgroups, on an mbarrier (phases alternate parity). Named barriers spanning
+// the warpgroups (bar.sync 4, 384) were reported by racecheck as not ordering the accesses
+// across them; the mbarrier's arrive (release) / wait (acquire) does, and racecheck sees it.
+struct ConsumerBarrier {
+  uint64_t* barrier;
+  int parity = 0;
+  __device__ __forceinline__ void sync() {
+    mbarrier_arrive(barrier);
+    mbarrier_wait(barrier, parity);
+    parity ^= 1;
+  }
+};
 
 // Register buffers of A fragments in the FP8 loops (2: the 160 registers of three warpgroups).
 constexpr int kFragmentBuffers = 2;
@@ -136,6 +147,11 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   // A stage is released by the one warpgroup that consumes the tile in it (tile t: stage
   // t % kStages, warpgroup t % kGroups).
   init_stage_barriers(full, empty, kNarrowGroupThreads, Layout::kStages);
+  ConsumerBarrier consumers{empty + Layout::kStages};
+  if (threadIdx.x == 0) {
+    mbarrier_init(consumers.barrier, Layout::kConsumers);
+    fence_barrier_init();
+  }
   __syncthreads();  // the last barrier of all threads: the producer warp leaves after its loop
   if (threadIdx.x >= Layout::kConsumers) {
     if constexpr (Layout::kGroups > 1) set_register_count<kProducerRegisters, false>();
@@ -161,7 +177,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     if (threadIdx.x == 0) logit_factor = factor;
     fence_shared_for_async_proxy();
   }
-  sync_narrow_consumers<Layout::kConsumers>();
+  consumers.sync();
   const float logit_scale = args.logit_scale_log2 * logit_factor;
 
   // Accumulator element i of this thread: key (M) 16 warp + lane / 4 + 8 ((i / 2) % 2), query
@@ -388,7 +404,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
                                                    exchange[2 * kRows + row] + exchange[3 * kRows + row];
     }
   }
-  sync_narrow_consumers<Layout::kConsumers>();
+  consumers.sync();
   float normalizer[kSlots];
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) {
@@ -424,7 +440,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
         }
       }
     }
-    sync_narrow_consumers<Layout::kConsumers>();
+    consumers.sync();
   }
   // (A row without keys stores zeros; with several splits its LSE is -inf, so the combine
   // step never reads them.)
