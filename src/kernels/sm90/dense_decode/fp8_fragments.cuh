@@ -81,7 +81,7 @@ struct KeyFragmentReader {
 
 // A thread's place in the V^T fragments.
 struct ValueFragmentReader {
-  int even, odd;  // offsets for keys with (key / 2) odd or even: the swizzle XOR differs by 1
+  int even, odd;  // offsets for keys with (key / 2) even or odd: the swizzle XOR differs by 1
   __device__ __forceinline__ ValueFragmentReader(int warp, int lane) {
     const int g = lane / 4, q = lane % 4;
     const int key_offset = q % 2 + 4 * (q / 2);             // the key of column 2q (bits 0, 1 swapped)

@@ -25,7 +25,7 @@ constexpr int kTileBlockBytes = kDimBlocks * kSwizzleBlockBytes;  // 72 KB: 64 l
 constexpr int kRawFp8StageBytes = kTileKeys * kHeadDim;           // 36 KB
 
 // Byte offset of 16-bit element (line, dim) of a tile of kLines lines stored as 9 swizzled
-// blocks of 64 dims (key tiles and the wide kernel's Q: 64 lines; the narrow kernel's Q: 16).
+// blocks of 64 dims (key tiles and the wide kernel's Q: 64 lines; the narrow kernel's Q: 16 or 32).
 template <int kLines = kTileKeys>
 __device__ __forceinline__ int tile_offset(int line, int dim) {
   return (dim / 64) * (kLines * 128) + swizzled_offset(line, dim % 64);
@@ -159,10 +159,16 @@ __device__ __forceinline__ float load_query_tile(const SplitArgs& args, int batc
 }
 
 // The producer: one thread walks the split's tiles, waits until the consumers have released
-// the stage (kStages stages, used in turn), reads the block-table entries of the tile's pages (only pages that
-// hold keys of the sequence: entries past its end may be garbage) and issues one TMA box per
-// 64 dims per page; `full[stage]` counts the bytes in.
-template <bool kFp8Cache, int kStages = 2>
+// the stage (kStages stages, used in turn), reads the block-table entries of the tile's pages
+// (only pages that hold keys of the sequence: entries past its end may be garbage) and issues
+// one TMA box per 64 dims per page; full[stage * kGroups + tile % kGroups] counts the bytes in.
+// With kGroups consumer groups taking the tiles in turn (tile t: group t % kGroups), each
+// (stage, group) pair has its own full barrier, so that every barrier is waited on by one
+// group only, which has seen all its earlier phases: with one barrier per stage and
+// kStages % kGroups != 0, a group could take the parity of a phase another group's tile has
+// not completed yet for its own (try_wait.parity tells only the two latest phases apart).
+// The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
+template <bool kFp8Cache, int kStages = 2, int kGroups = 1>
 __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
                                                   uint8_t* stages, uint64_t* full, uint64_t* empty) {
@@ -189,7 +195,8 @@ __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, 
     if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) % 2);
     const int first_key = range.begin + tile * kTileKeys;
     const int boxes = boxes_of(tile);
-    mbarrier_arrive_expect_bytes(&full[stage], uint32_t(boxes * kDimBlocks * box_tokens * kLineBytes));
+    uint64_t* landed = &full[stage * kGroups + tile % kGroups];
+    mbarrier_arrive_expect_bytes(landed, uint32_t(boxes * kDimBlocks * box_tokens * kLineBytes));
     uint8_t* destination = stages + stage * kStageBytes;
 #pragma unroll
     for (int box = 0; box < kMaxBoxes; ++box) {
@@ -198,7 +205,7 @@ __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, 
 #pragma unroll
       for (int block = 0; block < kDimBlocks; ++block) {
         tma_load_box(destination + block * (kTileKeys * kLineBytes) + box * box_tokens * kLineBytes, cache_map,
-                     block * 64, token, pages[box], &full[stage]);
+                     block * 64, token, pages[box], landed);
       }
     }
     if (tile + 1 < range.tiles) read_pages(tile + 1);
@@ -227,13 +234,22 @@ __device__ __forceinline__ void set_register_count() {
   }
 }
 
-// Initialises the stages' barriers (full: one producer arrival + bytes; empty: every consumer
-// thread), by thread 0; the caller synchronises the CTA afterwards.
+// The parity of the phase of tile `tile`'s full barrier (see produce_key_tiles).
+template <int kStages, int kGroups = 1>
+__host__ __device__ constexpr int full_phase(int tile) {
+  constexpr int kCycle = kStages % kGroups == 0 ? kStages : kStages * kGroups;  // lcm for kGroups <= 3
+  static_assert(kGroups <= 3, "the lcm above");
+  return (tile / kCycle) % 2;
+}
+
+// Initialises the stages' barriers (full[stages x groups]: one producer arrival + bytes;
+// empty[stages]: every thread of the consuming group), by thread 0; the caller synchronises
+// the CTA afterwards.
 __device__ __forceinline__ void init_stage_barriers(uint64_t* full, uint64_t* empty, int consumer_threads,
-                                                    int stages = 2) {
+                                                    int stages = 2, int groups = 1) {
   if (threadIdx.x == 0) {
     for (int stage = 0; stage < stages; ++stage) {
-      mbarrier_init(&full[stage], 1);
+      for (int group = 0; group < groups; ++group) mbarrier_init(&full[stage * groups + group], 1);
       mbarrier_init(&empty[stage], consumer_threads);
     }
     fence_barrier_init();

@@ -26,8 +26,8 @@
 // Shared memory: Q (9 swizzled blocks of kRows lines), P^T per warpgroup, and two 72 KB key
 // stages (16-bit cache) or five / four raw 36 KB stages (FP8 cache: nothing is widened in
 // shared memory, and the spare room keeps more bytes in flight).
-// Pipeline: the next tiles stream in while tile t is computed; one warpgroup barrier per tile
-// (two when the tile is partial). With an FP8 cache the fragments of batch i + 1 (4 wgmma) are
+// Pipeline: the next tiles stream in while tile t is computed; two warpgroup barriers per tile
+// (three when the tile is partial). With an FP8 cache the fragments of batch i + 1 (4 wgmma) are
 // loaded and widened while batch i runs, and a stage is released as soon as its last bytes
 // are in registers.
 // Softmax, epilogue: as the wide kernel (base-2 online softmax with -inf guards; one split
@@ -79,9 +79,9 @@ struct NarrowLayout {
   static constexpr int kProbabilities = kKeys + kStages * kStageBytes;  // P^T per group
   static constexpr int kExchange = kProbabilities + kGroups * kRows * 128;  // [group][4 warps][kRows]
   static constexpr int kMerge = kExchange + kGroups * 4 * kRows * 4;  // [group][max, sum][kRows]
-  // full[kStages], empty[kStages], then the consumers' barrier
+  // full[kStages x kGroups], empty[kStages], then the consumers' barrier
   static constexpr int kBarriers = kMerge + kGroups * 2 * kRows * 4;
-  static constexpr int kBytes = kBarriers + (2 * kStages + 1) * 8;
+  static constexpr int kBytes = kBarriers + (kStages * kGroups + kStages + 1) * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
   // After the last tile the output is staged in the key stages: [kRows][512] floats.
   static_assert(kRows * kLatentDim * 4 <= kStages * kStageBytes, "output staging fits the stages");
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
   uint8_t* query = shared + Layout::kQuery;
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
-  uint64_t* empty = full + Layout::kStages;
+  uint64_t* empty = full + Layout::kStages * Layout::kGroups;
   uint8_t* stages = shared + Layout::kKeys;
 
   wait_for_previous_grid();  // PDL (see wide_kernel.cuh)
@@ -146,17 +146,17 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
 
   // A stage is released by the one warpgroup that consumes the tile in it (tile t: stage
   // t % kStages, warpgroup t % kGroups).
-  init_stage_barriers(full, empty, kNarrowGroupThreads, Layout::kStages);
+  init_stage_barriers(full, empty, kNarrowGroupThreads, Layout::kStages, Layout::kGroups);
   ConsumerBarrier consumers{empty + Layout::kStages};
   if (threadIdx.x == 0) {
     mbarrier_init(consumers.barrier, Layout::kConsumers);
     fence_barrier_init();
   }
-  __syncthreads();  // the last barrier of all threads: the producer warp leaves after its loop
+  __syncthreads();  // the last barrier of all threads: the producer leaves after its loop
   if (threadIdx.x >= Layout::kConsumers) {
     if constexpr (Layout::kGroups > 1) set_register_count<kProducerRegisters, false>();
     if (threadIdx.x == Layout::kConsumers) {
-      produce_key_tiles<kFp8Cache, Layout::kStages>(&cache_map, args, table_row, range, stages, full, empty);
+      produce_key_tiles<kFp8Cache, Layout::kStages, Layout::kGroups>(&cache_map, args, table_row, range, stages, full, empty);
     }
     return;
   }
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     const int stage = tile % Layout::kStages;
     const int first_key = range.begin + tile * kTileKeys;
     const int valid = range.length - first_key;
-    mbarrier_wait(&full[stage], (tile / Layout::kStages) % 2);
+    mbarrier_wait(&full[stage * Layout::kGroups + group], full_phase<Layout::kStages, Layout::kGroups>(tile));
     uint8_t* keys = stages + stage * Layout::kStageBytes;
     if (valid < kTileKeys) {
       if constexpr (kFp8Cache) {
@@ -423,8 +423,8 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
       store_row_lse(args, split, batch_index, row, sum == 0.0f ? -INFINITY : reference + log2f(sum));
     }
   }
-  // Normalised O^T -> shared [row][dim] floats, summed over the groups in turn (the first key
-  // stage is free: every tile landed and was consumed), so that rows are stored contiguously.
+  // Normalised O^T -> shared [row][dim] floats, summed over the groups in turn (the key stages
+  // are free: every tile landed and was consumed), so that rows are stored contiguously.
   float* staged = reinterpret_cast<float*>(shared + Layout::kKeys);
 #pragma unroll
   for (int g = 0; g < Layout::kGroups; ++g) {
