@@ -95,14 +95,14 @@ void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid
     launch(dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache, decltype(rows)::value>, Layout::kThreads,
            Layout::kLaunchBytes);
   };
-  if (args.rows <= kNarrowRows) {
-    launch_narrow(std::integral_constant<int, kNarrowRows>{});
-  } else if constexpr (kFp8Cache) {
-    if (uses_narrow_kernel(args.rows, true)) {
+  if (uses_narrow_kernel(args.rows, kFp8Cache)) {  // the same test picks the TMA swizzle
+    if (args.rows <= kNarrowRows) {
+      launch_narrow(std::integral_constant<int, kNarrowRows>{});
+    } else if constexpr (kFp8Cache) {
       launch_narrow(std::integral_constant<int, kNarrowFp8Rows>{});
-    } else {  // 64-row tiles; the warpgroups split each tile's S
-      launch(dense_decode_wide_kernel<kFp8Q>, kWideThreads, WideLayout::kLaunchBytes);
     }
+  } else if constexpr (kFp8Cache) {  // 64-row tiles; the warpgroups split each tile's S
+    launch(dense_decode_wide_kernel<kFp8Q>, kWideThreads, WideLayout::kLaunchBytes);
   } else {  // 64-row tiles; the warpgroups take turns on the tiles
     launch(dense_decode_alternating_kernel<kHalf>, kWideThreads, AlternatingLayout::kLaunchBytes);
   }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cfloat>
+#include <numeric>
 
 #include "kernels/sm90/dense_decode/split_common.cuh"
 #include "kernels/sm90/tma.cuh"
@@ -237,8 +238,7 @@ __device__ __forceinline__ void set_register_count() {
 // The parity of the phase of tile `tile`'s full barrier (see produce_key_tiles).
 template <int kStages, int kGroups = 1>
 __host__ __device__ constexpr int full_phase(int tile) {
-  constexpr int kCycle = kStages % kGroups == 0 ? kStages : kStages * kGroups;  // lcm for kGroups <= 3
-  static_assert(kGroups <= 3, "the lcm above");
+  constexpr int kCycle = kStages / std::gcd(kStages, kGroups) * kGroups;  // tiles per (stage, group) reuse
   return (tile / kCycle) % 2;
 }
 
