@@ -43,6 +43,11 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, int parity) {
       : "memory");
 }
 
+// Fetches a TMA descriptor (a __grid_constant__ kernel parameter) ahead of its first use.
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
 // TMA: box at coordinates (dim, token, page) of `map` -> shared `destination`; completion is
 // counted in bytes on `barrier`.
 __device__ __forceinline__ void tma_load_box(void* destination, const CUtensorMap* map, int dim, int token,

@@ -74,7 +74,12 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
   uint64_t* empty = full + 2;
   uint64_t* handoffs = reinterpret_cast<uint64_t*>(shared + Layout::kHandoffs);
-  auto signal = [&](int handoff) { mbarrier_arrive(&handoffs[handoff]); };
+  // Whole warps signal (see ConsumerBarrier: a lane left behind by divergence would wait out
+  // another lane's suspension in try_wait).
+  auto signal = [&](int handoff) {
+    __syncwarp();
+    mbarrier_arrive(&handoffs[handoff]);
+  };
   auto await = [&](int handoff, int phase) { mbarrier_wait(&handoffs[handoff], phase % 2); };
   uint8_t* stages = shared + Layout::kKeys;
 
@@ -84,6 +89,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   const int tile_index = blockIdx.x, split = blockIdx.y, batch_index = blockIdx.z;
   const int first_row = tile_index * kRowsPerTile;
   const int rows_here = min(kRowsPerTile, args.rows - first_row);
+  start_early_loads<(2)>(&cache_map, args, batch_index, first_row, rows_here);
   const KeyRange range = split_key_range(args, batch_index, split, first_row, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, first_row, rows_here)) return;

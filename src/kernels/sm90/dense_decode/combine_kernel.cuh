@@ -43,6 +43,7 @@ __device__ __forceinline__ float float_from_order_key(int key) {
 __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(SplitArgs args) {
   __shared__ float weights[kMaxDecodeSplits];  // 2^(l_i - max), 0 for an empty split
   __shared__ int max_key, has_nan;
+  __shared__ float warp_weight_sums[kCombineThreads / 32];
   __shared__ float4 group_sums[kCombineGroups - 1][kCombineColumnThreads];
   wait_for_previous_grid();  // PDL: the split kernel's partial results are complete and visible
 
@@ -67,8 +68,18 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(S
   __syncthreads();
   const float max_lse = has_nan ? NAN : float_from_order_key(max_key);
   // A split without keys has LSE -inf and an unwritten output: weight 0, never read.
-  if (thread < args.splits) weights[thread] = split_lse == -INFINITY || has_nan ? 0.0f : exp2f(split_lse - max_lse);
+  const float weight = thread < args.splits && split_lse != -INFINITY && !has_nan ? exp2f(split_lse - max_lse) : 0.0f;
+  if (thread < args.splits) weights[thread] = weight;
+  // The weights' sum as a fixed tree (the same result every run): a serial loop over 128
+  // shared-memory values took ~2 us, most of this kernel's time at small batch.
+  float weight_sum = weight;
+#pragma unroll
+  for (int mask = 16; mask > 0; mask /= 2) weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, mask);
+  if (thread % 32 == 0) warp_weight_sums[thread / 32] = weight_sum;
   __syncthreads();
+  weight_sum = 0.0f;
+#pragma unroll
+  for (int warp = 0; warp < kCombineThreads / 32; ++warp) weight_sum += warp_weight_sums[warp];
 
   // Group g sums splits g, g + 4, ...: a fixed order, so the result is the same every run.
   const int group = thread / kCombineColumnThreads, column_thread = thread % kCombineColumnThreads;
@@ -105,8 +116,6 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(S
     sum.z += part.z;
     sum.w += part.w;
   }
-  float weight_sum = 0.0f;
-  for (int split = 0; split < args.splits; ++split) weight_sum += weights[split];
   if (has_nan) sum = make_float4(NAN, NAN, NAN, NAN);
   const float inverse = weight_sum == 0.0f ? 0.0f : 1.0f / weight_sum;
   const int token = m / args.heads, head = m % args.heads;

@@ -129,6 +129,22 @@ __device__ __forceinline__ void store_value_pair(const SplitArgs& args, int spli
   }
 }
 
+// The same for four consecutive values (column a multiple of 4): one 8-byte or 16-byte store.
+__device__ __forceinline__ void store_value_quad(const SplitArgs& args, int split, int batch_index, int m,
+                                                 int column, float4 values) {
+  if (args.splits == 1) {
+    uint16_t* out = args.out + batch_index * args.out_batch + (m / args.heads) * args.out_token +
+                    (m % args.heads) * args.out_head + column;
+    const __nv_bfloat162 low = __floats2bfloat162_rn(values.x, values.y);
+    const __nv_bfloat162 high = __floats2bfloat162_rn(values.z, values.w);
+    *reinterpret_cast<uint2*>(out) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high));
+  } else {
+    const int64_t partial_row = (int64_t(split) * args.batch + batch_index) * args.rows + m;
+    *reinterpret_cast<float4*>(args.partial_out + partial_row * kLatentDim + column) = values;
+  }
+}
+
 // The row's LSE (base 2 in): into lse in the requested base, or the split's partial LSE.
 __device__ __forceinline__ void store_row_lse(const SplitArgs& args, int split, int batch_index, int m,
                                               float lse2) {
