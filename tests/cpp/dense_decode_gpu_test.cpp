@@ -498,6 +498,9 @@ const DecodeCase kCoveringCases[] = {
     {16, 2, 16, 4096, 64, true, true, kBf16, kFp8},
     {2, 3, 7, 140, 128, true, true, kBf16, kFp8},
     with({3, 1, 32, 4096, 32, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.query_magnitude = 1e5; }),
+    // > 32 rows with an FP8 cache (64-row tiles): splits of 4 tiles wrap the two raw stages.
+    {8, 4, 16, 4096, 64, true, true, kBf16, kFp8},
+    {4, 2, 64, 4096, 32, false, true, kFp8, kFp8},
     // fp8 q (q_descale 0.02), fp8 cache
     {1, 1, 128, 4096, 64, false, false, kFp8, kFp8},
     {64, 2, 64, 140, 32, true, true, kFp8, kFp8},
