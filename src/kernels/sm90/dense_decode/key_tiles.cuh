@@ -228,6 +228,11 @@ __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, 
       }
     }
     if (tile + 1 < range.tiles) read_pages(tile + 1);
+    // Tile 1 waits until tile 0 has landed: issued together, every CTA's first two tiles
+    // share the memory system's queues, so tile 0 lands only at the end of the whole GPU's
+    // first burst and the math starts late (D5: the stages then stand full while the next
+    // tiles cannot be requested). Later tiles are paced by the empty barriers.
+    if (tile == 0 && range.tiles > 1) mbarrier_wait(&full[0], 0);
   }
 }
 
