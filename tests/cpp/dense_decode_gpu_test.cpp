@@ -455,6 +455,7 @@ const DecodeCase kSmallCases[] = {
     {2, 2, 64, 140, 64, true, true, kFp8, kFp8},
     {2, 2, 8, 140, 32, true, true, kFp8, kFp8},     // FP8 narrow kernel, 16 rows (3 warpgroups)
     {3, 1, 20, 140, 64, true, false, kBf16, kFp8},  // FP8 narrow kernel, 32 rows (2 warpgroups)
+    {2, 2, 16, 140, 64, true, true},                // 16-bit narrow kernel, 32 rows (Sq 2 x 16 heads)
     with({1, 4, 128, 20, 16, false, false}, [](DecodeCase& c) { c.strided_q = true; }),
     with({6, 2, 126, 20, 32, true, true}, [](DecodeCase& c) { c.cache_with_head_dim = true; }),
 };
@@ -476,11 +477,15 @@ const DecodeCase kCoveringCases[] = {
     {64, 4, 63, 20, 16, false, true},
     {64, 8, 128, 140, 64, true, false},
     {2, 8, 126, 140, 32, false, true},
+    // 17..32 rows with a 16-bit cache: the narrow kernel's 32-row tile.
+    {4, 2, 16, 4096, 64, true, true},
+    {64, 2, 13, 140, 32, true, true},
     {6, 4, 64, 140, 256, true, false},
     // fp16 / fp16
     {6, 1, 128, 140, 32, true, true, kFp16, kFp16},
     {1, 2, 64, 4096, 256, false, false, kFp16, kFp16},
     {64, 4, 3, 140, 16, true, false, kFp16, kFp16},
+    {3, 1, 32, 4096, 256, false, false, kFp16, kFp16},
     // bf16 q, fp8 cache (kv_scale 0.05)
     {1, 1, 128, 4096, 64, false, false, kBf16, kFp8},
     with({64, 1, 16, 140, 128, true, true, kBf16, kFp8},

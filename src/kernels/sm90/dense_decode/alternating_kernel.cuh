@@ -1,4 +1,4 @@
-// Dense MLA decode, split-KV attention kernel for more than 16 query rows with a 16-bit cache:
+// Dense MLA decode, split-KV attention kernel for more than 32 query rows with a 16-bit cache:
 // the two warpgroups take turns on the key tiles. (wide_kernel.cuh, which splits every tile's S
 // between them and trades maxima and P at two CTA barriers per tile, reached 0.57-0.65 of the
 // BF16 GEMM rate on the compute-bound cases; this one 0.72-0.81: docs/perf-log.md.)

@@ -1,5 +1,5 @@
-// Dense MLA decode on Hopper: the launcher. Picks the kernel (narrow_kernel.cuh for <= 16
-// query rows, <= 32 with an FP8 cache; else 64-row tiles: alternating_kernel.cuh with a 16-bit
+// Dense MLA decode on Hopper: the launcher. Picks the kernel (narrow_kernel.cuh for <= 32
+// query rows, in tiles of 16 or 32; else 64-row tiles: alternating_kernel.cuh with a 16-bit
 // cache, wide_kernel.cuh with an FP8 cache) and the instantiation for the dtypes, describes
 // the cache to the TMA, plans the split-KV grid from shapes alone (plan/decode_plan.h), and
 // launches the attention kernel and, when the plan has several splits, the combine kernel
@@ -95,11 +95,11 @@ void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid
     launch(dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache, decltype(rows)::value>, Layout::kThreads,
            Layout::kLaunchBytes);
   };
-  if (uses_narrow_kernel(args.rows, kFp8Cache)) {  // the same test picks the TMA swizzle
-    if (args.rows <= kNarrowRows) {
-      launch_narrow(std::integral_constant<int, kNarrowRows>{});
-    } else if constexpr (kFp8Cache) {
-      launch_narrow(std::integral_constant<int, kNarrowFp8Rows>{});
+  if (uses_narrow_kernel(args.rows)) {  // the same test picks the TMA swizzle
+    if (args.rows <= 16) {
+      launch_narrow(std::integral_constant<int, 16>{});
+    } else {
+      launch_narrow(std::integral_constant<int, 32>{});
     }
   } else if constexpr (kFp8Cache) {  // 64-row tiles; the warpgroups split each tile's S
     launch(dense_decode_wide_kernel<kFp8Q>, kWideThreads, WideLayout::kLaunchBytes);
@@ -168,7 +168,7 @@ void dense_decode(const DenseDecodeParams& params) {
 
   const dim3 grid(unsigned(plan.row_tiles), unsigned(plan.splits), unsigned(batch));
   const cudaStream_t stream = as_cuda_stream(params.stream);
-  const CUtensorMap cache_map = make_cache_map(cache, uses_narrow_kernel(args.rows, fp8_cache));
+  const CUtensorMap cache_map = make_cache_map(cache, uses_narrow_kernel(args.rows));
   if (half) {
     launch_split<true, false, false>(cache_map, args, grid, stream, params.enable_pdl);
   } else if (fp8_q) {  // FP8 caches compute in fp16: e4m3 widens to it in one instruction

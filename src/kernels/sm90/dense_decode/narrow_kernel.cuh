@@ -1,5 +1,5 @@
-// Dense MLA decode, split-KV attention kernel for few query rows (Sq x Hq <= 16, e.g. Hq = 16
-// heads per GPU at tensor parallelism 8; with an FP8 cache up to 32, e.g. Sq 2 x 16 heads), on
+// Dense MLA decode, split-KV attention kernel for few query rows (Sq x Hq <= 32: Hq = 16 heads
+// per GPU at tensor parallelism 8, Sq 2 x 16 heads with one speculative token, 32 heads), on
 // Hopper warpgroup MMA, transposed.
 //
 // What: as wide_kernel.cuh (softmax attention of the rows over one split's keys, V = the first
@@ -24,7 +24,7 @@
 //   from registers again (4 keys x 4 dims per thread, keys paired by byte permutes), so P^T's
 //   keys and O^T's dims are stored in the fragments' order and O^T's dims restored at the end.
 // Shared memory: Q (9 swizzled blocks of kRows lines), P^T per warpgroup, and two 72 KB key
-// stages (16-bit cache) or five / four raw 36 KB stages (FP8 cache: nothing is widened in
+// stages (16-bit cache; 32 rows moved D2 Hq 32 from the 64-row kernel, 431 -> 419 us on H100) or five / four raw 36 KB stages (FP8 cache: nothing is widened in
 // shared memory, and the spare room keeps more bytes in flight).
 // Pipeline: the next tiles stream in while tile t is computed; two warpgroup barriers per tile
 // (three when the tile is partial). With an FP8 cache the fragments of batch i + 1 (4 wgmma) are
@@ -33,7 +33,7 @@
 // Softmax, epilogue: as the wide kernel (base-2 online softmax with -inf guards; one split
 // writes bf16 output and LSE, several write fp32 partials for the combine step). The output
 // is staged through shared memory so that the stores are row-contiguous.
-// Limits: Sq * Hq <= 16 (16-bit cache) or <= 32 (FP8 cache).
+// Limits: Sq * Hq <= 32 (tiles of 16 or 32 rows).
 #pragma once
 
 #include "kernels/sm90/dense_decode/fp8_fragments.cuh"
@@ -43,18 +43,15 @@
 
 namespace openmla::kernels::sm90 {
 
-constexpr int kNarrowRows = 16;      // the 16-bit cache's narrow kernel
-constexpr int kNarrowFp8Rows = 32;   // an FP8 cache's: 16 or 32 rows
+constexpr int kNarrowRows = 32;  // the most query rows of the narrow kernel's tile (16 or 32)
 constexpr int kNarrowGroupThreads = 128;  // one consumer warpgroup
 // The launcher's choice of kernel (it also picks the FP8 cache's TMA swizzle). 32 rows are
 // Sq 2 x 16 heads (speculative decoding at tensor parallelism 8) or 32 heads.
-__host__ __device__ constexpr bool uses_narrow_kernel(int rows, bool fp8_cache) {
-  return rows <= (fp8_cache ? kNarrowFp8Rows : kNarrowRows);
-}
+__host__ __device__ constexpr bool uses_narrow_kernel(int rows) { return rows <= kNarrowRows; }
 
 template <bool kFp8Cache, int kRows>
 struct NarrowLayout {
-  static_assert(kRows == 16 || (kFp8Cache && kRows == 32), "16 rows, or 32 with an FP8 cache");
+  static_assert(kRows == 16 || kRows == 32, "16 or 32 query rows");
   // Consumer warpgroups taking the tiles in turn: as many as the registers allow (O^T is
   // 4 x kRows fp32 per thread).
   static constexpr int kGroups = !kFp8Cache ? 1 : (kRows == 16 ? 3 : 2);
@@ -123,6 +120,25 @@ __device__ __forceinline__ void wgmma_rows_a_registers(float (&d)[kRows / 2], co
     wgmma_64x16x16_a_registers<kHalf>(d, a, b, accumulate);
   } else {
     wgmma_64x32x16_a_registers<kHalf>(d, a, b, accumulate);
+  }
+}
+
+// The same with A from shared memory: K-major (S^T = K Q^T) or M-major (O^T = V^T P^T, V read
+// from the key tile as [key][dim]).
+template <bool kHalf, int kRows>
+__device__ __forceinline__ void wgmma_rows(float (&d)[kRows / 2], uint64_t a, uint64_t b, bool accumulate) {
+  if constexpr (kRows == 16) {
+    wgmma_64x16x16<kHalf>(d, a, b, accumulate);
+  } else {
+    wgmma_64x32x16<kHalf>(d, a, b, accumulate);
+  }
+}
+template <bool kHalf, int kRows>
+__device__ __forceinline__ void wgmma_rows_a_m_major(float (&d)[kRows / 2], uint64_t a, uint64_t b, bool accumulate) {
+  if constexpr (kRows == 16) {
+    wgmma_64x16x16_a_m_major<kHalf>(d, a, b, accumulate);
+  } else {
+    wgmma_64x32x16_a_m_major<kHalf>(d, a, b, accumulate);
   }
 }
 
@@ -268,7 +284,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int step = 0; step < kHeadDim / 16; ++step) {
-        wgmma_64x16x16<kHalf>(chains[step % kChains],
+        wgmma_rows<kHalf, kRows>(chains[step % kChains],
                               advance_descriptor(key_descriptor, (step / 4) * kSwizzleBlockBytes + (step % 4) * 32),
                               query_step(step), step >= kChains);
       }
@@ -377,7 +393,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
       for (int block = 0; block < kLatentDim / 64; ++block) {
 #pragma unroll
         for (int k = 0; k < kTileKeys / 16; ++k) {
-          wgmma_64x16x16_a_m_major<kHalf>(output[block],
+          wgmma_rows_a_m_major<kHalf, kRows>(output[block],
                                           advance_descriptor(value_descriptor, block * kSwizzleBlockBytes + k * 2048),
                                           advance_descriptor(probability_descriptor, 32 * k), true);
         }

@@ -1,5 +1,5 @@
-// Dense MLA decode, split-KV attention kernel on Hopper warpgroup MMA (wgmma), for more than 16
-// query rows with an FP8 cache (<= 16 rows: narrow_kernel.cuh; 16-bit caches:
+// Dense MLA decode, split-KV attention kernel on Hopper warpgroup MMA (wgmma), for more than 32
+// query rows with an FP8 cache (<= 32 rows: narrow_kernel.cuh; 16-bit caches:
 // alternating_kernel.cuh, faster, but it holds two key tiles at once, which does not fit in
 // shared memory next to the FP8 raw stages).
 //
