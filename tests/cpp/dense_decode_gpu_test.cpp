@@ -480,6 +480,10 @@ const DecodeCase kCoveringCases[] = {
     // 17..32 rows with a 16-bit cache: the narrow kernel's 32-row tile.
     {4, 2, 16, 4096, 64, true, true},
     {64, 2, 13, 140, 32, true, true},
+    with({2, 2, 16, 4096, 32, false, false}, [](DecodeCase& c) {
+      c.strided_q = true;
+      c.with_lse = false;
+    }),
     {6, 4, 64, 140, 256, true, false},
     // fp16 / fp16
     {6, 1, 128, 140, 32, true, true, kFp16, kFp16},

@@ -157,7 +157,7 @@ void dense_decode(const DenseDecodeParams& params) {
     args.lse_head = params.lse.stride(2);
   }
   args.lse_base2 = params.lse_base == LseBase::kBase2;
-  // The split kernels store float2 and the combine kernel loads float4 from the workspace.
+  // The split kernels store float2 / float4 and the combine kernel loads float4 from the workspace.
   if (plan.splits > 1) require_alignment("workspace", params.workspace, 16);
   float* workspace = params.workspace.ptr<float>();
   const int64_t split_rows = plan.splits * int64_t(batch) * args.rows;

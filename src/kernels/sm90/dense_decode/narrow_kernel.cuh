@@ -24,8 +24,9 @@
 //   from registers again (4 keys x 4 dims per thread, keys paired by byte permutes), so P^T's
 //   keys and O^T's dims are stored in the fragments' order and O^T's dims restored at the end.
 // Shared memory: Q (9 swizzled blocks of kRows lines), P^T per warpgroup, and two 72 KB key
-// stages (16-bit cache; 32 rows moved D2 Hq 32 from the 64-row kernel, 431 -> 419 us on H100) or five / four raw 36 KB stages (FP8 cache: nothing is widened in
-// shared memory, and the spare room keeps more bytes in flight).
+// stages (16-bit cache) or five / four raw 36 KB stages (FP8 cache: nothing is widened in
+// shared memory, and the spare room keeps more bytes in flight). 32-row tiles with a 16-bit
+// cache moved D2 Hq 32 off the 64-row kernel (431 -> 419 us on an H100, as fast as Hq 16).
 // Pipeline: the next tiles stream in while tile t is computed; two warpgroup barriers per tile
 // (three when the tile is partial). With an FP8 cache the fragments of batch i + 1 (4 wgmma) are
 // loaded and widened while batch i runs, and a stage is released as soon as its last bytes
@@ -147,7 +148,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     dense_decode_narrow_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
   using Layout = NarrowLayout<kFp8Cache, kRows>;
   constexpr int kSlots = kRows / 4;  // query rows per thread (accumulator columns)
-  // Independent accumulator chains of S^T (one warpgroup: 4; FP8 16 rows: 2; 32 rows: none
+  // Independent accumulator chains of S^T (16-bit cache: 4; FP8 16 rows: 2; FP8 32 rows: none
   // spare). They measured no faster (the tensor pipe overlaps dependent wgmma anyway), but one
   // chain makes ptxas spill in the FP8 16-row instantiation at 160 registers.
   constexpr int kChains = !kFp8Cache ? 4 : (kRows == 16 ? 2 : 1);
@@ -173,9 +174,11 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   // t % kStages, warpgroup t % kGroups).
   init_stage_barriers(full, empty, kNarrowGroupThreads, Layout::kStages, Layout::kGroups);
   ConsumerBarrier consumers{Layout::kGroups > 1 ? empty + Layout::kStages : nullptr};
-  if (threadIdx.x == 0) {
-    mbarrier_init(consumers.barrier, Layout::kConsumers);
-    fence_barrier_init();
+  if constexpr (Layout::kGroups > 1) {
+    if (threadIdx.x == 0) {
+      mbarrier_init(consumers.barrier, Layout::kConsumers);
+      fence_barrier_init();
+    }
   }
   __syncthreads();  // the last barrier of all threads: the producer leaves after its loop
   if (threadIdx.x >= Layout::kConsumers) {
