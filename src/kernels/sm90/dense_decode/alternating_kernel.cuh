@@ -74,8 +74,8 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
   uint64_t* empty = full + 2;
   uint64_t* handoffs = reinterpret_cast<uint64_t*>(shared + Layout::kHandoffs);
-  // Whole warps signal (see ConsumerBarrier: a lane left behind by divergence would wait out
-  // another lane's suspension in try_wait).
+  // Whole warps signal (see ConsumerBarrier in narrow_kernel.cuh: no lane of a warp waits
+  // while another lane of it has yet to arrive).
   auto signal = [&](int handoff) {
     __syncwarp();
     mbarrier_arrive(&handoffs[handoff]);

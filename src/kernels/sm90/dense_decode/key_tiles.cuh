@@ -162,8 +162,8 @@ __device__ __forceinline__ float load_query_tile(const SplitArgs& args, int batc
 // Every split kernel's first step: the loads that need nothing but the kernel arguments start
 // at once (the TMA descriptor; the tile's query rows into L2, one 128-byte line per thread),
 // so that their memory latency overlaps the chain seq_lens -> block table -> first key tile
-// instead of following it. Measured on D4 / D5 (one H100, L2 cold): Q landed 3.7-9 us into
-// the kernel, behind the first key tiles, and the math waited for it.
+// instead of following it. (On D4 / D5, one H100, L2 cold, clock64: Q still reaches shared
+// memory 3-6 us after entry, queued behind the first key tiles, which land then too.)
 template <int kQueryElementBytes>
 __device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, const SplitArgs& args,
                                                   int batch_index, int first_row, int rows_here) {
@@ -184,9 +184,9 @@ __device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, 
 // With kGroups consumer groups taking the tiles in turn (tile t: group t % kGroups), each
 // (stage, group) pair has its own full barrier, so that every barrier is waited on by one
 // group only (and the producer itself, for tile 0's phase), which has seen all its earlier
-// phases: with one barrier per stage and
-// kStages % kGroups != 0, a group could take the parity of a phase another group's tile has
-// not completed yet for its own (try_wait.parity tells only the two latest phases apart).
+// phases: with one barrier per stage and kStages % kGroups != 0, a group could take the
+// parity of a phase another group's tile has not completed yet for its own (try_wait.parity
+// tells only the two latest phases apart).
 // The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
 template <bool kFp8Cache, int kStages = 2, int kGroups = 1>
 __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,

@@ -92,9 +92,8 @@ __device__ __forceinline__ void sync_narrow_group(int group) { sync_named(1 + gr
 // All consumer warpgroups. Several: on an mbarrier (phases alternate parity); named barriers
 // spanning the warpgroups (bar.sync 4, 384) were reported by racecheck as not ordering the
 // accesses across them, the mbarrier's arrive (release) / wait (acquire) does. The warp
-// reconverges first: a lane waiting in try_wait can be suspended while lanes of its warp that
-// have not arrived yet (after an `if (lane < 4)` block, say) cannot run. One warpgroup: its
-// named barrier, which measured ~1 us faster per use than the mbarrier on D4 (H100).
+// reconverges first, so that no lane spins in try_wait while lanes of its own warp (after an
+// `if (lane < 4)` block, say) have yet to arrive. One warpgroup: its named barrier.
 struct ConsumerBarrier {
   uint64_t* barrier;  // null with one consumer warpgroup
   int parity = 0;
@@ -472,7 +471,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   }
   // (A row without keys stores zeros; with several splits its LSE is -inf, so the combine
   // step never reads them.)
-#pragma unroll 4  // loads and stores of several quads in flight (one at a time took ~1.7 us on D4)
+#pragma unroll 4  // several quads' loads and stores in flight: a visible part of D4's epilogue
   for (int index = threadIdx.x; index < rows_here * (kLatentDim / 4); index += Layout::kConsumers) {
     const int row = index / (kLatentDim / 4), column = 4 * (index % (kLatentDim / 4));
     store_value_quad(args, split, batch_index, row, column,
