@@ -30,6 +30,10 @@ DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t h
       plan.splits = splits;
     }
   }
+  if (plan.splits == 1 && batch >= 2 && batch <= kMaxBalancedBatch) {
+    plan.splits = kBalancedSplits;
+    plan.balanced = true;
+  }
   return plan;
 }
 
@@ -52,7 +56,7 @@ size_t decode_split_workspace_bytes(int64_t batch, int64_t query_tokens, int64_t
                                     int64_t value_dim, int64_t splits) {
   if (splits <= 1) return 0;
   size_t rows = size_t(batch) * size_t(query_tokens) * size_t(heads) * size_t(splits);
-  size_t partial_bytes = rows * size_t(value_dim + 1) * sizeof(float);
+  size_t partial_bytes = rows * size_t(value_dim + 1) * sizeof(float) + size_t(batch) * sizeof(int32_t);
   // Round to 256 bytes so that kernels can align their views.
   return (partial_bytes + 255) / 256 * 256;
 }

@@ -1,7 +1,8 @@
 // Split-KV planning for the decode ops. The plan depends on shapes only (batch, query tokens,
 // heads) and the device's SM count, never on seq_lens values, so the workspace a caller
 // allocates once stays valid for every later call of the same shape and for CUDA-graph
-// replays: the per-request split boundaries are derived on the device from seq_lens.
+// replays: the per-request split boundaries (and, in a balanced plan, how many of the splits
+// each request uses) are derived on the device from seq_lens.
 #pragma once
 
 #include <cstddef>
@@ -20,13 +21,28 @@ constexpr int64_t kMaxDecodeSplits = 128;
 // TokenSpeed's fold_sq_factor idea) handled by one CTA of the dense decode kernel.
 constexpr int64_t kDecodeRowsPerTile = 64;
 
+// Balanced plans. When the requests alone fill the GPU (one split is the best uniform plan),
+// the grid still has kBalancedSplits splits per request, and the device decides per request,
+// from every request's length, how many of them it uses: a request gets a second split only
+// when the lengths differ (by more than 1/8 of the mean), and only when it is longer than a
+// chunk of 1/kBalancedChunksPerSm of an SM's fair share of the keys. Without it, a batch of
+// ragged lengths runs as long as its longest requests (list scheduling of a few CTAs per SM:
+// a simulation of PERF.md's D3 gave 0.80 of the ideal, 0.89-0.91 with the balanced splits).
+// 2 splits keep the partial outputs at about FlashMLA's workspace size (B + #SMs rows' worth);
+// every CTA reads all seq_lens, so batches above kMaxBalancedBatch keep the uniform plan.
+constexpr int64_t kBalancedSplits = 2;
+constexpr int64_t kBalancedChunksPerSm = 4;
+constexpr int64_t kMaxBalancedBatch = 1024;
+
 struct DenseDecodePlan {
   int64_t row_tiles = 1;  // ceil(Sq * Hq / kDecodeRowsPerTile) CTAs per (request, split)
-  int64_t splits = 1;     // KV splits per request; 1 = no combine step
+  int64_t splits = 1;     // KV splits per request in the grid; 1 = no combine step
+  bool balanced = false;  // splits used per request decided on the device (above)
 };
 
 // Splits so that the (request, row tile, split) CTAs fill whole waves of one CTA per SM, with
-// a 2% cost per split (decode_plan.cpp). From shapes and the SM count only.
+// a 2% cost per split (decode_plan.cpp); a balanced plan where that gives one split. From
+// shapes and the SM count only.
 DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t heads,
                                   int sm_count);
 
@@ -37,7 +53,8 @@ DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t h
 int planning_sm_count(Device device);
 
 // Bytes of scratch for split-KV decode with `splits` splits: per (split, request, token, head)
-// a partial output of `value_dim` floats and one LSE float; 0 when splits == 1 (no combine).
+// a partial output of `value_dim` floats and one LSE float, then one int32 per request (the
+// splits a balanced plan used); 0 when splits == 1 (no combine).
 size_t decode_split_workspace_bytes(int64_t batch, int64_t query_tokens, int64_t heads,
                                     int64_t value_dim, int64_t splits);
 

@@ -19,11 +19,29 @@ TEST(DecodePlan, FillsOneWaveWhenTheRequestsDoNot) {
 }
 
 TEST(DecodePlan, SplitsOnlyForARealGain) {
-  EXPECT_EQ(splits_for(128, 1, 64), 1);  // 128 CTAs: 0.97 of the SMs without a combine step
-  EXPECT_EQ(splits_for(64, 2, 128), 1);  // 256 CTAs: two full waves
   EXPECT_EQ(splits_for(67, 1, 16), 7);   // 67 CTAs would leave half the SMs idle
   EXPECT_EQ(splits_for(100, 1, 16), 5);
   EXPECT_EQ(splits_for(200, 1, 16), 5);  // 1000 CTAs in 8 waves: 0.95 busy (1 split: 0.76)
+  EXPECT_FALSE(plan_dense_decode(200, 1, 16, 132).balanced);
+}
+
+// Where one split per request is the best uniform plan, the grid gets kBalancedSplits splits
+// and the device picks 1 or 2 per request from the lengths (split_common.cuh).
+TEST(DecodePlan, BalancedWhenTheRequestsFillTheGpu) {
+  for (const DenseDecodePlan plan : {plan_dense_decode(128, 1, 64, 132),   // 128 CTAs
+                                     plan_dense_decode(64, 2, 128, 132),   // 256 CTAs: two waves
+                                     plan_dense_decode(128, 2, 128, 132),  // PERF.md's D3
+                                     plan_dense_decode(kMaxBalancedBatch, 1, 16, 132)}) {
+    EXPECT_TRUE(plan.balanced);
+    EXPECT_EQ(plan.splits, kBalancedSplits);
+  }
+  // Every CTA reads all seq_lens: larger batches keep one split.
+  const DenseDecodePlan huge = plan_dense_decode(kMaxBalancedBatch + 1, 1, 16, 132);
+  EXPECT_FALSE(huge.balanced);
+  EXPECT_EQ(huge.splits, 1);
+  // The workspace holds both splits' partial rows and one count per request.
+  EXPECT_EQ(decode_split_workspace_bytes(128, 2, 128, 512, 2),
+            (size_t(2 * 128 * 2 * 128) * 513 * 4 + 128 * 4 + 255) / 256 * 256);
 }
 
 TEST(DecodePlan, RowTilesFoldTokensAndHeads) {

@@ -458,6 +458,9 @@ const DecodeCase kSmallCases[] = {
     {2, 2, 16, 140, 64, true, true},                // 16-bit narrow kernel, 32 rows (Sq 2 x 16 heads)
     with({1, 4, 128, 20, 16, false, false}, [](DecodeCase& c) { c.strided_q = true; }),
     with({6, 2, 126, 20, 32, true, true}, [](DecodeCase& c) { c.cache_with_head_dim = true; }),
+    // Balanced plans (132 CTAs) with requests in two splits: alternating and wide kernels.
+    {66, 2, 64, 140, 32, true, true},
+    {66, 1, 128, 140, 64, true, false, kBf16, kFp8},
 };
 
 const DecodeCase kCoveringCases[] = {
@@ -518,6 +521,14 @@ const DecodeCase kCoveringCases[] = {
     {6, 2, 16, 4096, 256, true, true, kFp8, kFp8},
     with({2, 1, 3, 20, 16, true, false, kFp8, kFp8},
          [](DecodeCase& c) { c.lse_base = LseBase::kBase2; }),
+    // Balanced plans (the requests fill the GPU; ragged lengths: the long requests take two
+    // splits, merged by the per-row combine kernel), for each kernel: narrow 16 and 32 rows,
+    // alternating, wide (FP8 cache), and fp8 q.
+    {130, 1, 3, 700, 16, true, false},
+    {130, 2, 16, 700, 32, true, true, kBf16, kFp8},
+    {66, 2, 64, 1000, 32, true, true},
+    with({66, 1, 128, 1000, 64, true, false, kBf16, kFp8}, [](DecodeCase& c) { c.with_lse = false; }),
+    with({130, 1, 9, 1000, 128, true, true, kFp8, kFp8}, [](DecodeCase& c) { c.lse_base = LseBase::kBase2; }),
 };
 
 std::string param_name(const ::testing::TestParamInfo<DecodeCase>& info) {
@@ -576,6 +587,31 @@ TEST(DenseDecodeGpuEdges, NanQueryRowStaysNanAcrossSplits) {
   }
 }
 
+// The same through a balanced plan's per-row combine: 130 requests of ragged lengths, the
+// long ones in two splits; a NaN head in request 0 (long) stays NaN, its other heads and the
+// other requests stay finite.
+TEST(DenseDecodeGpuEdges, NanQueryRowStaysNanInBalancedCombine) {
+  OPENMLA_REQUIRE_GPU();
+  auto rng = make_rng();
+  const DecodeCase c{130, 1, 16, 2048, 64, true, false};
+  std::vector<int32_t> lengths(size_t(c.batch));
+  for (size_t b = 0; b < lengths.size(); ++b) lengths[b] = b % 3 == 0 ? 2048 : 64;
+  DecodeInputs inputs = make_inputs(c, lengths, rng);
+  constexpr int64_t kNanHead = 3;
+  for (int64_t d = 0; d < kDim; ++d) inputs.q_buffer.set(kNanHead * kDim + d, NAN);
+  const DecodeResult actual = run_gpu(inputs);
+  const DecodeResult expected = run_reference(inputs);
+  for (int64_t row = 0; row < row_count(inputs); ++row) {
+    const bool nan_row = row == kNanHead;
+    EXPECT_EQ(std::isnan(expected.lse.get(row)), nan_row) << "reference, " << row_name(inputs, row);
+    EXPECT_EQ(std::isnan(actual.lse.get(row)), nan_row) << "GPU LSE, " << row_name(inputs, row);
+    for (int64_t d = 0; d < kValueDim; d += 37) {
+      const float value = actual.out.get(row * kValueDim + d);
+      EXPECT_EQ(std::isnan(value), nan_row) << "GPU out, " << row_name(inputs, row) << " column " << d;
+    }
+  }
+}
+
 // A CUDA call must bring the workspace that dense_decode_workspace_size asks for; the API
 // refuses before launching, leaving the outputs untouched.
 TEST(DenseDecodeGpuEdges, RejectsMissingOrShortWorkspace) {
@@ -602,15 +638,10 @@ TEST(DenseDecodeGpuEdges, RejectsMissingOrShortWorkspace) {
 
 // One call captured in a CUDA graph (no warm-up call of its own; global capture mode, as torch
 // uses), then replayed after new seq_lens, block tables, cache pages and queries were copied
-// into the same device buffers: each replay must follow the new values, including a longest
-// request that moves and lengths that change how much of the split plan is used.
-TEST(DenseDecodeGpuGraph, ReplayFollowsNewLengthsAndBlockTables) {
-  OPENMLA_REQUIRE_GPU();
+// into the same device buffers: each replay must follow the new values.
+void expect_replays_follow(const DecodeCase& c, const std::vector<std::vector<int32_t>>& length_sets,
+                           int64_t table_width, int64_t page_count) {
   auto rng = make_rng();
-  const DecodeCase c{3, 2, 16, 640, 64, true, true};
-  const int64_t table_width = 10, page_count = 3 * 10 + 2;  // room for any lengths <= 640
-  const std::vector<std::vector<int32_t>> length_sets{{100, 0, 640}, {640, 1, 0}, {17, 639, 64}};
-
   const DecodeInputs captured = make_inputs(c, length_sets[0], rng, table_width, page_count);
   const DecodeResult poisoned = poisoned_result(captured);
   cudaStream_t stream = nullptr;
@@ -631,9 +662,10 @@ TEST(DenseDecodeGpuGraph, ReplayFollowsNewLengthsAndBlockTables) {
   cudaGraphExec_t replay = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&replay, graph, 0), cudaSuccess);
 
-  for (const std::vector<int32_t>& lengths : length_sets) {
-    SCOPED_TRACE("seq_lens " + std::to_string(lengths[0]) + ", " + std::to_string(lengths[1]) +
-                 ", " + std::to_string(lengths[2]));
+  for (size_t set = 0; set < length_sets.size(); ++set) {
+    const std::vector<int32_t>& lengths = length_sets[set];
+    SCOPED_TRACE("length set " + std::to_string(set) + ": seq_lens " + std::to_string(lengths[0]) + ", " +
+                 std::to_string(lengths[1]) + ", " + std::to_string(lengths[2]) + ", ...");
     const DecodeInputs inputs = make_inputs(c, lengths, rng, table_width, page_count);
     call.q.copy_from(inputs.q_buffer);
     call.cache.copy_from(inputs.cache);
@@ -650,6 +682,28 @@ TEST(DenseDecodeGpuGraph, ReplayFollowsNewLengthsAndBlockTables) {
   EXPECT_EQ(cudaGraphExecDestroy(replay), cudaSuccess);
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+// A uniform plan (3 requests over the whole GPU): a longest request that moves and lengths
+// that change how much of the split plan is used.
+TEST(DenseDecodeGpuGraph, ReplayFollowsNewLengthsAndBlockTables) {
+  OPENMLA_REQUIRE_GPU();
+  const DecodeCase c{3, 2, 16, 640, 64, true, true};
+  expect_replays_follow(c, {{100, 0, 640}, {640, 1, 0}, {17, 639, 64}}, /*table_width=*/10,
+                        /*page_count=*/3 * 10 + 2);  // room for any lengths <= 640
+}
+
+// A balanced plan (130 requests): equal lengths (one split each, no partials), then ragged ones
+// (the long requests take two splits), then equal again: the combine step must follow each
+// replay's split counts, never an earlier one's.
+TEST(DenseDecodeGpuGraph, BalancedReplayFollowsSplitCounts) {
+  OPENMLA_REQUIRE_GPU();
+  constexpr int64_t kBatch = 130, kPage = 16, kLongest = 640;
+  const DecodeCase c{kBatch, 1, 3, kLongest, kPage, true, false};
+  std::vector<int32_t> equal(kBatch, 300), ragged(kBatch, 0), equal_long(kBatch, kLongest);
+  for (int64_t b = 0; b < kBatch; ++b) ragged[size_t(b)] = int32_t(b % 3 == 0 ? kLongest : b % 3 == 1 ? 0 : 5 * b);
+  const int64_t width = kLongest / kPage;
+  expect_replays_follow(c, {equal, ragged, equal_long, ragged}, width, kBatch * width + 2);
 }
 
 #endif  // OPENMLA_WITH_CUDA

@@ -49,7 +49,7 @@ struct AlternatingLayout {
   static constexpr int kBytes = kHandoffs + 6 * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
 };
-static_assert(AlternatingLayout::kLaunchBytes <= kMaxSharedBytes, "shared memory");
+static_assert(AlternatingLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
 
 // Handoffs between the warpgroups: mbarriers that all 128 threads of the signalling warpgroup
 // arrive on (release) and the other waits on (acquire), one phase per pair; the waiter passes
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   wait_for_previous_grid();  // PDL (see wide_kernel.cuh)
   allow_next_grid();
 
-  const int tile_index = blockIdx.x, split = blockIdx.y, batch_index = blockIdx.z;
+  const int tile_index = blockIdx.x, batch_index = blockIdx.y, split = blockIdx.z;
   const int first_row = tile_index * kRowsPerTile;
   const int rows_here = min(kRowsPerTile, args.rows - first_row);
   start_early_loads<(2)>(&cache_map, args, batch_index, first_row, rows_here);

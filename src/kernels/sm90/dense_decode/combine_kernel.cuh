@@ -1,15 +1,23 @@
 // Dense MLA decode, combine step: merges the per-split partial outputs of each query row
-// (the arguments are the attention kernel's SplitArgs).
+// (the arguments are the attention kernel's SplitArgs). Two kernels, for the two kinds of plan:
 //
-// What: for row (b, m), with split LSEs l_i (base 2) and outputs O_i (fp32, each normalised
-// over its own keys): L = log2(sum_i 2^l_i), out = sum_i 2^(l_i - L) O_i, written as bf16 with
-// the LSE in the requested base. Splits with l_i = -inf (no keys) are never read; a row whose
-// splits are all empty gets output 0 and LSE -inf; a NaN in any split makes the row NaN.
-// Tiling: a 128-thread block per (row, quarter of the 512 value columns). Every split's LSE is
+// What (both): for row (b, m), with split LSEs l_i (base 2) and outputs O_i (fp32, each
+// normalised over its own keys): L = log2(sum_i 2^l_i), out = sum_i 2^(l_i - L) O_i, written as
+// bf16 with the LSE in the requested base. Splits with l_i = -inf (no keys) are never read; a
+// row whose splits are all empty gets output 0 and LSE -inf; a NaN in any split makes the row NaN.
+//
+// dense_decode_combine_kernel (uniform plans: few rows, up to 128 splits, latency-bound):
+// a 128-thread block per (row, quarter of the 512 value columns). Every split's LSE is
 // read at once (one per thread) and the weights 2^(l_i - max) go to shared memory; then 4
 // groups of 32 threads each take every 4th split, a thread owning 4 columns, with all of its
 // (up to 32) 16-byte loads in flight together, and the groups' sums are added in shared
 // memory. A block's time is then about two memory latencies, whatever the split count.
+//
+// dense_decode_combine_rows_kernel (balanced plans: up to B x Sq x Hq rows, at most
+// kBalancedSplits splits, only for requests that used more than one): a warp per row, a lane
+// owning 16 columns, all loads in flight; 8 rows per block, so that a batch of 32K rows is
+// 4K short blocks rather than 128K (a block per row quarter took longer to schedule than to run).
+//
 // Limits: splits <= kMaxDecodeSplits; value dim 512.
 #pragma once
 
@@ -127,6 +135,69 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(S
   packed.y = *reinterpret_cast<uint32_t*>(&high);
   *reinterpret_cast<uint2*>(out + first_column + 4 * column_thread) = packed;
   if (args.lse != nullptr && column_thread == 0 && first_column == 0) {
+    const float lse2 = has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
+    args.lse[batch_index * args.lse_batch + token * args.lse_token + head * args.lse_head] =
+        args.lse_base2 ? lse2 : lse2 * kLn2;
+  }
+}
+
+constexpr int kCombineRowsPerBlock = 8;  // one warp each
+constexpr int kCombineRowColumns = kLatentDim / 32;  // per lane
+static_assert(kBalancedSplits <= 32, "one split LSE per lane");
+
+__global__ void __launch_bounds__(32 * kCombineRowsPerBlock) dense_decode_combine_rows_kernel(SplitArgs args) {
+  wait_for_previous_grid();  // PDL: the split kernel's partial results and counts are visible
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kCombineRowsPerBlock + threadIdx.x / 32;  // (b, m)
+  if (row >= int64_t(args.batch) * args.rows) return;
+  const int batch_index = int(row / args.rows), m = int(row % args.rows);
+  const int splits = args.split_counts[batch_index];
+  if (splits <= 1) return;  // the attention kernel wrote this request's output and LSE itself
+
+  const int64_t split_stride = int64_t(args.batch) * args.rows;
+  const float split_lse = lane < splits ? args.partial_lse[lane * split_stride + row] : -INFINITY;
+  // NaN poisons the row (output and LSE NaN, as with one split and in the CPU reference).
+  const bool has_nan = __any_sync(0xffffffffu, isnan(split_lse));
+  float max_lse = isnan(split_lse) ? -INFINITY : split_lse;
+#pragma unroll
+  for (int mask = 16; mask > 0; mask /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, mask));
+  // Empty splits (LSE -inf) have weight 0 and an unwritten output: never read.
+  const float own_weight = split_lse != -INFINITY && !has_nan ? exp2f(split_lse - max_lse) : 0.0f;
+  float weights[kBalancedSplits], weight_sum = 0.0f;
+  float4 parts[kBalancedSplits][kCombineRowColumns / 4];
+#pragma unroll
+  for (int split = 0; split < kBalancedSplits; ++split) {
+    weights[split] = __shfl_sync(0xffffffffu, own_weight, split);
+    weight_sum += weights[split];
+    const float4* partial =
+        reinterpret_cast<const float4*>(args.partial_out + (split * split_stride + row) * kLatentDim) +
+        lane * (kCombineRowColumns / 4);
+#pragma unroll
+    for (int quad = 0; quad < kCombineRowColumns / 4; ++quad) {
+      parts[split][quad] = weights[split] > 0.0f ? partial[quad] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+  const float inverse = weight_sum == 0.0f ? 0.0f : 1.0f / weight_sum;
+  const int token = m / args.heads, head = m % args.heads;
+  uint16_t* out = args.out + batch_index * args.out_batch + token * args.out_token + head * args.out_head +
+                  lane * kCombineRowColumns;
+#pragma unroll
+  for (int quad = 0; quad < kCombineRowColumns / 4; ++quad) {
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int split = 0; split < kBalancedSplits; ++split) {
+      sum.x += weights[split] * parts[split][quad].x;
+      sum.y += weights[split] * parts[split][quad].y;
+      sum.z += weights[split] * parts[split][quad].z;
+      sum.w += weights[split] * parts[split][quad].w;
+    }
+    if (has_nan) sum = make_float4(NAN, NAN, NAN, NAN);
+    const __nv_bfloat162 low = __floats2bfloat162_rn(sum.x * inverse, sum.y * inverse);
+    const __nv_bfloat162 high = __floats2bfloat162_rn(sum.z * inverse, sum.w * inverse);
+    *reinterpret_cast<uint2*>(out + 4 * quad) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high));
+  }
+  if (args.lse != nullptr && lane == 0) {
     const float lse2 = has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
     args.lse[batch_index * args.lse_batch + token * args.lse_token + head * args.lse_head] =
         args.lse_base2 ? lse2 : lse2 * kLn2;

@@ -3,7 +3,7 @@
 // cache, wide_kernel.cuh with an FP8 cache) and the instantiation for the dtypes, describes
 // the cache to the TMA, plans the split-KV grid from shapes alone (plan/decode_plan.h), and
 // launches the attention kernel and, when the plan has several splits, the combine kernel
-// (combine_kernel.cuh). Nothing here reads device memory or synchronises, so a call captures
+// (combine_kernel.cuh: one for balanced plans, one for uniform ones). Nothing here reads device memory or synchronises, so a call captures
 // into a CUDA graph and replays with new seq_lens and block tables.
 #include "kernels/sm90/dense_decode/dense_decode.h"
 
@@ -117,12 +117,12 @@ void dense_decode(const DenseDecodeParams& params) {
   require_alignment("kv_cache", cache, 16);
   require_alignment("out", params.out, 8);
   if (q.size(0) > 65535) {
-    throw Error(ErrorKind::kInvalidArgument, kOp, "q", "expected a batch of at most 65535 on CUDA (grid z)");
+    throw Error(ErrorKind::kInvalidArgument, kOp, "q", "expected a batch of at most 65535 on CUDA (grid y)");
   }
 
   const int batch = int(q.size(0)), query_tokens = int(q.size(1)), heads = int(q.size(2));
-  const DenseDecodePlan plan =
-      plan_dense_decode(batch, query_tokens, heads, planning_sm_count(q.device));
+  const int sm_count = planning_sm_count(q.device);
+  const DenseDecodePlan plan = plan_dense_decode(batch, query_tokens, heads, sm_count);
   const bool fp8_cache = cache.dtype == DType::kFloat8E4M3;
   const bool fp8_q = q.dtype == DType::kFloat8E4M3;
   const bool half = q.dtype == DType::kFloat16;
@@ -141,6 +141,8 @@ void dense_decode(const DenseDecodeParams& params) {
   args.heads = heads;
   args.rows = query_tokens * heads;
   args.splits = int(plan.splits);
+  args.balanced = plan.balanced;
+  args.sm_count = sm_count;
   args.causal = params.causal;
   const float q_scale = fp8_q ? params.q_descale : 1.0f;
   const float kv_scale = fp8_cache ? params.kv_scale : 1.0f;
@@ -163,10 +165,14 @@ void dense_decode(const DenseDecodeParams& params) {
   const int64_t split_rows = plan.splits * int64_t(batch) * args.rows;
   args.partial_out = workspace;
   args.partial_lse = workspace + split_rows * kLatentDim;
+  args.split_counts = reinterpret_cast<int32_t*>(args.partial_lse + split_rows);
   args.batch = batch;
   if (batch == 0) return;
 
-  const dim3 grid(unsigned(plan.row_tiles), unsigned(plan.splits), unsigned(batch));
+  // Splits outermost: the hardware starts CTAs in grid order, so every request's first split
+  // starts before any second one (in a balanced plan most second splits are unused and exit
+  // at once: they then run on the SMs that the first wave left idle, and at its end).
+  const dim3 grid(unsigned(plan.row_tiles), unsigned(batch), unsigned(plan.splits));
   const cudaStream_t stream = as_cuda_stream(params.stream);
   const CUtensorMap cache_map = make_cache_map(cache, uses_narrow_kernel(args.rows));
   if (half) {
@@ -179,10 +185,19 @@ void dense_decode(const DenseDecodeParams& params) {
     launch_split<false, false, false>(cache_map, args, grid, stream, params.enable_pdl);
   }
 
-  if (plan.splits > 1) {
+  // The combine kernel waits for the attention kernel's results (griddepcontrol.wait) before
+  // reading any, so it launches programmatically whatever enable_pdl says: its launch latency
+  // then overlaps the attention kernel (a balanced plan launches it even when no request was
+  // split, to find that out).
+  constexpr bool kCombineOverlaps = true;
+  if (plan.balanced) {
+    const int64_t blocks = (int64_t(batch) * args.rows + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock;
+    launch_kernel(kOp, dense_decode_combine_rows_kernel, dim3(unsigned(blocks)), dim3(32 * kCombineRowsPerBlock), 0,
+                  stream, kCombineOverlaps, args);
+  } else if (plan.splits > 1) {
     launch_kernel(kOp, dense_decode_combine_kernel,
                   dim3(unsigned(int64_t(batch) * args.rows * kCombineColumnBlocks)), dim3(kCombineThreads), 0,
-                  stream, params.enable_pdl, args);
+                  stream, kCombineOverlaps, args);
   }
 }
 

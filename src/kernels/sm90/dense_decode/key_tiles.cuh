@@ -313,6 +313,7 @@ __device__ __forceinline__ void store_wide_output(const SplitArgs& args, int spl
                                                   int rows_here, int warpgroup, int lane, int row0,
                                                   const float (&running_max)[2], const float (&running_sum)[2],
                                                   const float* other_sums, const float (&output)[128]) {
+  const OutputDestination destination = output_destination(args, split);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
@@ -324,10 +325,10 @@ __device__ __forceinline__ void store_wide_output(const SplitArgs& args, int spl
     const float lse2 = empty_row ? -INFINITY : running_max[half] + log2f(sum);
 #pragma unroll
     for (int i = 2 * half; i < 128; i += 4) {
-      store_value_pair(args, split, batch_index, m, warpgroup * 256 + 8 * (i / 4) + 2 * (lane % 4),
+      store_value_pair(args, destination, batch_index, m, warpgroup * 256 + 8 * (i / 4) + 2 * (lane % 4),
                        output[i] * normalizer, output[i + 1] * normalizer, empty_row);
     }
-    if (warpgroup == 0 && lane % 4 == 0) store_row_lse(args, split, batch_index, m, lse2);
+    if (warpgroup == 0 && lane % 4 == 0) store_row_lse(args, destination, batch_index, m, lse2);
   }
 }
 

@@ -84,7 +84,7 @@ struct NarrowLayout {
   // After the last tile the output is staged in the key stages: [kRows][512] floats.
   static_assert(kRows * kLatentDim * 4 <= kStages * kStageBytes, "output staging fits the stages");
   static_assert(kKeys % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled stages are 1024-byte aligned");
-  static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ the q amax word)");
+  static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
 };
 
 // Named barriers 1 + group: one consumer warpgroup.
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   wait_for_previous_grid();  // PDL (see wide_kernel.cuh)
   allow_next_grid();
 
-  const int split = blockIdx.y, batch_index = blockIdx.z;
+  const int batch_index = blockIdx.y, split = blockIdx.z;
   const int rows_here = args.rows;  // <= kRows: one row tile
   start_early_loads<(kFp8Q ? 1 : 2)>(&cache_map, args, batch_index, 0, rows_here);
   const KeyRange range = split_key_range(args, batch_index, split, 0, rows_here);
@@ -432,6 +432,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     }
   }
   consumers.sync();
+  const OutputDestination destination = output_destination(args, split);
   float normalizer[kSlots];
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) {
@@ -447,7 +448,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     }
     normalizer[slot] = sum == 0.0f ? 0.0f : args.value_scale * exp2f(running_max[slot] - reference) / sum;
     if (group == 0 && warp == 0 && lane < 4 && row < rows_here) {
-      store_row_lse(args, split, batch_index, row, sum == 0.0f ? -INFINITY : reference + log2f(sum));
+      store_row_lse(args, destination, batch_index, row, sum == 0.0f ? -INFINITY : reference + log2f(sum));
     }
   }
   // Normalised O^T -> shared [row][dim] floats, summed over the groups in turn (the key stages
@@ -474,7 +475,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
 #pragma unroll 4  // several quads' loads and stores in flight: a visible part of D4's epilogue
   for (int index = threadIdx.x; index < rows_here * (kLatentDim / 4); index += Layout::kConsumers) {
     const int row = index / (kLatentDim / 4), column = 4 * (index % (kLatentDim / 4));
-    store_value_quad(args, split, batch_index, row, column,
+    store_value_quad(args, destination, batch_index, row, column,
                      *reinterpret_cast<const float4*>(&staged[row * kLatentDim + column]));
   }
 }

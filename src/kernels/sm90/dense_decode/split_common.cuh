@@ -1,8 +1,9 @@
 // Dense MLA decode: what every split of the attention kernel shares with the launcher and the
 // combine step: the kernel arguments, the per-split key range (derived on the device from
-// seq_lens, so a captured graph replays correctly with new lengths), causal visibility, the
-// epilogue stores (direct bf16 output for one split, fp32 partials + base-2 LSE for several),
-// and small conversions.
+// seq_lens, so a captured graph replays correctly with new lengths; with a balanced plan the
+// number of splits a request uses is derived there too), causal visibility, the epilogue
+// stores (direct bf16 output for one split, fp32 partials + base-2 LSE for several), and small
+// conversions.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,7 +36,9 @@ struct SplitArgs {
   int64_t seq_lens_stride;
   int page_shift;
   int query_tokens, heads, rows;  // rows = query_tokens * heads
-  int splits;
+  int splits;     // the grid's splits per request
+  bool balanced;  // plan.balanced: each request uses 1..splits of them (split_key_range)
+  int sm_count;   // the plan's SM count (a balanced plan's chunk size)
   bool causal;
   float logit_scale_log2;  // softmax_scale * q_descale * kv_scale * log2(e)
   float value_scale;       // kv_scale for an fp8 cache, else 1
@@ -45,9 +48,11 @@ struct SplitArgs {
   float* lse;  // null when not requested
   int64_t lse_batch, lse_token, lse_head;
   bool lse_base2;
-  // Split outputs (splits > 1): [split][batch][rows][512] and [split][batch][rows], base 2.
+  // Split outputs (splits > 1): [split][batch][rows][512] and [split][batch][rows], base 2;
+  // a balanced plan's splits used per request [batch] (for the combine step).
   float* partial_out;
   float* partial_lse;
+  int32_t* split_counts;
   int batch;
 };
 
@@ -86,23 +91,99 @@ __device__ __forceinline__ uint4 widen_fp8x8(uint2 bytes) {
   return make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
+// Key tiles of a request of `length` keys.
+__device__ __forceinline__ int key_tiles_of(int length) { return (length + kTileKeys - 1) / kTileKeys; }
+
+// The request's split count, from the prologue (split_key_range) to the epilogue's stores, in
+// shared memory (a register live across the main loop would cost the kernels, which run at
+// their register limit, spills). Used only by balanced plans.
+__device__ __forceinline__ int* request_split_count() {
+  __shared__ int count;
+  return &count;
+}
+
+// A balanced plan's split count for a request of `tiles` key tiles (splits_of_request below),
+// by one warp. Not inlined, so that the uniform plans' prologue (which D4 runs cold, once per
+// CTA) stays as short as it was.
+__device__ __noinline__ int balanced_split_count(const int32_t* seq_lens, int64_t seq_lens_stride, int batch,
+                                                 int tiles, int splits, int row_tiles, int sm_count) {
+  // 32-bit sums: each request counts at most 2^21 tiles (134M keys), 1024 requests at most.
+  constexpr int kCountedTiles = 1 << 21;
+  int total = 0, longest = 0;
+#pragma unroll 1
+  for (int b = threadIdx.x % 32; b < batch; b += 32) {
+    const int request_tiles = min(key_tiles_of(seq_lens[b * seq_lens_stride]), kCountedTiles);
+    total += request_tiles;
+    longest = max(longest, request_tiles);
+  }
+#pragma unroll
+  for (int mask = 16; mask > 0; mask /= 2) {
+    total += __shfl_xor_sync(0xffffffffu, total, mask);
+    longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, mask));
+  }
+  // Lengths within 1/8 of their mean: the uniform plan (one split each) is already balanced.
+  if (8.0f * float(longest) * float(batch) <= 9.0f * float(total)) return 1;
+  const float fair_share = float(total) * float(row_tiles) / float(sm_count * kBalancedChunksPerSm);
+  const int chunk = max(1, int(fair_share));
+  // At least one split: an empty request's CTA writes its zeros and -inf.
+  return max(1, min(splits, (min(tiles, kCountedTiles) + chunk - 1) / chunk));
+}
+
+// How many of the grid's splits the request of `tiles` key tiles uses. A uniform plan: all of
+// them. A balanced plan (decode_plan.h): warp 0 sums the key tiles of all requests and keeps
+// one split unless the lengths are uneven and the request is longer than a chunk of the fair
+// share per SM; the count reaches the other warps through shared memory after a CTA barrier
+// (so every thread of the CTA must call this). Computed by every warp instead (no barrier),
+// the count's dependence on the sum made ptxas spill 60-150 bytes in every attention kernel.
+__device__ __forceinline__ int splits_of_request(const SplitArgs& args, int tiles) {
+  if (!args.balanced) return args.splits;
+  if (threadIdx.x < 32) {
+    const int count = balanced_split_count(args.seq_lens, args.seq_lens_stride, args.batch, tiles, args.splits,
+                                           int(gridDim.x), args.sm_count);
+    if (threadIdx.x == 0) *request_split_count() = count;
+  }
+  __syncthreads();
+  return *request_split_count();
+}
+
+// Where a CTA's results go: the output itself (its request uses one split) or the partial rows
+// of split `split`. Taken once per epilogue: read inside each store, the shared split count
+// was loaded again after every global store (which the compiler must assume may alias it).
+struct OutputDestination {
+  int split;
+  bool final_output;
+};
+__device__ __forceinline__ OutputDestination output_destination(const SplitArgs& args, int split) {
+  return {split, args.splits == 1 || (args.balanced && *request_split_count() == 1)};
+}
+
 // The tile's key range for this split: keys [begin, end) of the request, cut into `splits`
-// chunks of whole key tiles (kTileKeys), and limited (causal) to what the tile's last row can see.
+// chunks of whole key tiles (kTileKeys), and limited (causal) to what the tile's last row can
+// see. `splits` is the request's (splits_of_request); a split at or past it is unused: its CTA
+// writes nothing.
 struct KeyRange {
   int length, begin, end, tiles;
+  int splits;
+  bool in_use;
 };
 __device__ __forceinline__ KeyRange split_key_range(const SplitArgs& args, int batch_index, int split,
                                                     int first_row, int rows_here) {
   KeyRange range;
   range.length = args.seq_lens[batch_index * args.seq_lens_stride];
+  range.splits = splits_of_request(args, key_tiles_of(range.length));
+  range.in_use = split < range.splits;
   const int last_token = (first_row + rows_here - 1) / args.heads;
   const int visible_max = args.causal ? min(range.length, range.length - args.query_tokens + last_token + 1)
                                       : range.length;
   const int per_split =
-      (max((range.length + args.splits - 1) / args.splits, kMinKeysPerSplit) + kTileKeys - 1) / kTileKeys * kTileKeys;
+      (max((range.length + range.splits - 1) / range.splits, kMinKeysPerSplit) + kTileKeys - 1) / kTileKeys * kTileKeys;
   range.begin = split * per_split;
   range.end = min(visible_max, range.begin + per_split);
-  range.tiles = range.end > range.begin ? (range.end - range.begin + kTileKeys - 1) / kTileKeys : 0;
+  range.tiles = range.in_use && range.end > range.begin ? key_tiles_of(range.end - range.begin) : 0;
+  // The combine step's count (one writer per request: row tile 0 of split 0).
+  if (args.balanced && blockIdx.x == 0 && split == 0 && threadIdx.x == 0) {
+    args.split_counts[batch_index] = range.splits;
+  }
   return range;
 }
 
@@ -117,22 +198,23 @@ __device__ __forceinline__ int row_visible_end(const SplitArgs& args, const KeyR
 // Two consecutive output values (already normalised) of row m at `column`: bf16 into out when
 // there is one split, fp32 into the split's partial row otherwise (skipped for an empty row:
 // the combine step never reads the output of a split whose LSE is -inf).
-__device__ __forceinline__ void store_value_pair(const SplitArgs& args, int split, int batch_index, int m,
-                                                 int column, float first, float second, bool empty) {
-  if (args.splits == 1) {
+__device__ __forceinline__ void store_value_pair(const SplitArgs& args, const OutputDestination& destination,
+                                                 int batch_index, int m, int column, float first, float second,
+                                                 bool empty) {
+  if (destination.final_output) {
     uint16_t* out = args.out + batch_index * args.out_batch + (m / args.heads) * args.out_token +
                     (m % args.heads) * args.out_head + column;
     *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(first, second);
   } else if (!empty) {
-    const int64_t partial_row = (int64_t(split) * args.batch + batch_index) * args.rows + m;
+    const int64_t partial_row = (int64_t(destination.split) * args.batch + batch_index) * args.rows + m;
     *reinterpret_cast<float2*>(args.partial_out + partial_row * kLatentDim + column) = make_float2(first, second);
   }
 }
 
 // The same for four consecutive values (column a multiple of 4): one 8-byte or 16-byte store.
-__device__ __forceinline__ void store_value_quad(const SplitArgs& args, int split, int batch_index, int m,
-                                                 int column, float4 values) {
-  if (args.splits == 1) {
+__device__ __forceinline__ void store_value_quad(const SplitArgs& args, const OutputDestination& destination,
+                                                 int batch_index, int m, int column, float4 values) {
+  if (destination.final_output) {
     uint16_t* out = args.out + batch_index * args.out_batch + (m / args.heads) * args.out_token +
                     (m % args.heads) * args.out_head + column;
     const __nv_bfloat162 low = __floats2bfloat162_rn(values.x, values.y);
@@ -140,35 +222,38 @@ __device__ __forceinline__ void store_value_quad(const SplitArgs& args, int spli
     *reinterpret_cast<uint2*>(out) =
         make_uint2(*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high));
   } else {
-    const int64_t partial_row = (int64_t(split) * args.batch + batch_index) * args.rows + m;
+    const int64_t partial_row = (int64_t(destination.split) * args.batch + batch_index) * args.rows + m;
     *reinterpret_cast<float4*>(args.partial_out + partial_row * kLatentDim + column) = values;
   }
 }
 
 // The row's LSE (base 2 in): into lse in the requested base, or the split's partial LSE.
-__device__ __forceinline__ void store_row_lse(const SplitArgs& args, int split, int batch_index, int m,
-                                              float lse2) {
-  if (args.splits == 1) {
+__device__ __forceinline__ void store_row_lse(const SplitArgs& args, const OutputDestination& destination,
+                                              int batch_index, int m, float lse2) {
+  if (destination.final_output) {
     if (args.lse != nullptr) {
       args.lse[batch_index * args.lse_batch + (m / args.heads) * args.lse_token + (m % args.heads) * args.lse_head] =
           args.lse_base2 ? lse2 : lse2 * kLn2;
     }
   } else {
-    args.partial_lse[(int64_t(split) * args.batch + batch_index) * args.rows + m] = lse2;
+    args.partial_lse[(int64_t(destination.split) * args.batch + batch_index) * args.rows + m] = lse2;
   }
 }
 
 // A split without keys for any row of the tile: LSE -inf and (one split) output 0 for its rows,
-// without loading anything. Returns true when the CTA is done.
+// without loading anything; an unused split (past the request's split count) writes nothing.
+// Returns true when the CTA is done.
 __device__ __forceinline__ bool finish_empty_split(const SplitArgs& args, const KeyRange& range, int split,
                                                    int batch_index, int first_row, int rows_here) {
   if (range.tiles > 0) return false;
+  if (!range.in_use) return true;
+  const OutputDestination destination = output_destination(args, split);
   for (int index = threadIdx.x; index < rows_here * (kLatentDim / 2); index += blockDim.x) {
     const int row = index / (kLatentDim / 2), column = 2 * (index % (kLatentDim / 2));
-    store_value_pair(args, split, batch_index, first_row + row, column, 0.0f, 0.0f, true);
+    store_value_pair(args, destination, batch_index, first_row + row, column, 0.0f, 0.0f, true);
   }
   for (int row = threadIdx.x; row < rows_here; row += blockDim.x) {
-    store_row_lse(args, split, batch_index, first_row + row, -INFINITY);
+    store_row_lse(args, destination, batch_index, first_row + row, -INFINITY);
   }
   return true;
 }

@@ -54,7 +54,7 @@ struct WideLayout {
   static constexpr int kBytes = kBarriers + 4 * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;  // slack to align the base by hand
 };
-static_assert(WideLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ the q amax word)");
+static_assert(WideLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
 
 template <bool kFp8Q>
 __global__ void __launch_bounds__(kWideThreads, 1)
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   wait_for_previous_grid();
   allow_next_grid();
 
-  const int tile_index = blockIdx.x, split = blockIdx.y, batch_index = blockIdx.z;
+  const int tile_index = blockIdx.x, batch_index = blockIdx.y, split = blockIdx.z;
   const int first_row = tile_index * kRowsPerTile;
   const int rows_here = min(kRowsPerTile, args.rows - first_row);
   start_early_loads<(kFp8Q ? 1 : 2)>(&cache_map, args, batch_index, first_row, rows_here);
