@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(S
   const int row_index = blockIdx.x / kCombineColumnBlocks;
   const int batch_index = row_index / args.rows, m = row_index % args.rows;
   const int first_column = (blockIdx.x % kCombineColumnBlocks) * (kLatentDim / kCombineColumnBlocks);
-  const int64_t split_stride = int64_t(args.batch) * args.rows;
+  const int64_t split_stride = int64_t(args.batch) * args.rows;  // partial rows: split x stride + row
   const int64_t row = int64_t(batch_index) * args.rows + m;
   const int thread = threadIdx.x;
   const float split_lse = thread < args.splits ? args.partial_lse[thread * split_stride + row] : -INFINITY;
@@ -126,18 +126,10 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(S
   }
   if (has_nan) sum = make_float4(NAN, NAN, NAN, NAN);
   const float inverse = weight_sum == 0.0f ? 0.0f : 1.0f / weight_sum;
-  const int token = m / args.heads, head = m % args.heads;
-  uint16_t* out = args.out + batch_index * args.out_batch + token * args.out_token + head * args.out_head;
-  __nv_bfloat162 low = __floats2bfloat162_rn(sum.x * inverse, sum.y * inverse);
-  __nv_bfloat162 high = __floats2bfloat162_rn(sum.z * inverse, sum.w * inverse);
-  uint2 packed;
-  packed.x = *reinterpret_cast<uint32_t*>(&low);
-  packed.y = *reinterpret_cast<uint32_t*>(&high);
-  *reinterpret_cast<uint2*>(out + first_column + 4 * column_thread) = packed;
-  if (args.lse != nullptr && column_thread == 0 && first_column == 0) {
-    const float lse2 = has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
-    args.lse[batch_index * args.lse_batch + token * args.lse_token + head * args.lse_head] =
-        args.lse_base2 ? lse2 : lse2 * kLn2;
+  store_bf16_quad(output_row(args, batch_index, m) + first_column + 4 * column_thread,
+                  make_float4(sum.x * inverse, sum.y * inverse, sum.z * inverse, sum.w * inverse));
+  if (column_thread == 0 && first_column == 0) {
+    store_final_lse(args, batch_index, m, has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum));
   }
 }
 
@@ -154,8 +146,7 @@ __global__ void __launch_bounds__(32 * kCombineRowsPerBlock) dense_decode_combin
   const int splits = args.split_counts[batch_index];
   if (splits <= 1) return;  // the attention kernel wrote this request's output and LSE itself
 
-  const int64_t split_stride = int64_t(args.batch) * args.rows;
-  const float split_lse = lane < splits ? args.partial_lse[lane * split_stride + row] : -INFINITY;
+  const float split_lse = lane < splits ? args.partial_lse[partial_row_index(args, lane, batch_index, m)] : -INFINITY;
   // NaN poisons the row (output and LSE NaN, as with one split and in the CPU reference).
   const bool has_nan = __any_sync(0xffffffffu, isnan(split_lse));
   float max_lse = isnan(split_lse) ? -INFINITY : split_lse;
@@ -164,23 +155,21 @@ __global__ void __launch_bounds__(32 * kCombineRowsPerBlock) dense_decode_combin
   // Empty splits (LSE -inf) have weight 0 and an unwritten output: never read.
   const float own_weight = split_lse != -INFINITY && !has_nan ? exp2f(split_lse - max_lse) : 0.0f;
   float weights[kBalancedSplits], weight_sum = 0.0f;
+  const float* first_split = partial_output_row(args, 0, batch_index, m) + lane * kCombineRowColumns;
+  const int64_t split_floats = int64_t(args.batch) * args.rows * kLatentDim;
   float4 parts[kBalancedSplits][kCombineRowColumns / 4];
 #pragma unroll
   for (int split = 0; split < kBalancedSplits; ++split) {
     weights[split] = __shfl_sync(0xffffffffu, own_weight, split);
     weight_sum += weights[split];
-    const float4* partial =
-        reinterpret_cast<const float4*>(args.partial_out + (split * split_stride + row) * kLatentDim) +
-        lane * (kCombineRowColumns / 4);
+    const float4* partial = reinterpret_cast<const float4*>(first_split + split * split_floats);
 #pragma unroll
     for (int quad = 0; quad < kCombineRowColumns / 4; ++quad) {
       parts[split][quad] = weights[split] > 0.0f ? partial[quad] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   const float inverse = weight_sum == 0.0f ? 0.0f : 1.0f / weight_sum;
-  const int token = m / args.heads, head = m % args.heads;
-  uint16_t* out = args.out + batch_index * args.out_batch + token * args.out_token + head * args.out_head +
-                  lane * kCombineRowColumns;
+  uint16_t* out = output_row(args, batch_index, m) + lane * kCombineRowColumns;
 #pragma unroll
   for (int quad = 0; quad < kCombineRowColumns / 4; ++quad) {
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -192,15 +181,10 @@ __global__ void __launch_bounds__(32 * kCombineRowsPerBlock) dense_decode_combin
       sum.w += weights[split] * parts[split][quad].w;
     }
     if (has_nan) sum = make_float4(NAN, NAN, NAN, NAN);
-    const __nv_bfloat162 low = __floats2bfloat162_rn(sum.x * inverse, sum.y * inverse);
-    const __nv_bfloat162 high = __floats2bfloat162_rn(sum.z * inverse, sum.w * inverse);
-    *reinterpret_cast<uint2*>(out + 4 * quad) =
-        make_uint2(*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high));
+    store_bf16_quad(out + 4 * quad, make_float4(sum.x * inverse, sum.y * inverse, sum.z * inverse, sum.w * inverse));
   }
-  if (args.lse != nullptr && lane == 0) {
-    const float lse2 = has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
-    args.lse[batch_index * args.lse_batch + token * args.lse_token + head * args.lse_head] =
-        args.lse_base2 ? lse2 : lse2 * kLn2;
+  if (lane == 0) {
+    store_final_lse(args, batch_index, m, has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum));
   }
 }
 

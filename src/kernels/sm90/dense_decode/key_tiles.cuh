@@ -91,9 +91,7 @@ __device__ __forceinline__ float load_query_tile(const SplitArgs& args, int batc
     const int unit = threadIdx.x + j * kThreads;
     const int row = unit / kUnitsPerLine, dim = (unit % kUnitsPerLine) * 8;
     const int m = first_row + row;
-    offsets[j] = row < rows_here ? batch_index * args.q_batch + (m / args.heads) * args.q_token +
-                                       (m % args.heads) * args.q_head + dim
-                                 : -1;
+    offsets[j] = row < rows_here ? query_row_offset(args, batch_index, m) + dim : -1;
   }
   auto destination = [&](int j) {
     const int unit = threadIdx.x + j * kThreads;
@@ -171,7 +169,7 @@ __device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, 
   if (threadIdx.x == 0) prefetch_tensor_map(cache_map);
   for (int unit = threadIdx.x; unit < rows_here * kLinesPerRow; unit += blockDim.x) {
     const int m = first_row + unit / kLinesPerRow;
-    const int64_t offset = batch_index * args.q_batch + (m / args.heads) * args.q_token + (m % args.heads) * args.q_head;
+    const int64_t offset = query_row_offset(args, batch_index, m);
     const uint8_t* line = args.q + offset * kQueryElementBytes + min((unit % kLinesPerRow) * 128, kRowBytes - 1);
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
   }

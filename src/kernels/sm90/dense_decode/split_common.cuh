@@ -195,6 +195,38 @@ __device__ __forceinline__ int row_visible_end(const SplitArgs& args, const KeyR
   return args.causal ? min(range.end, range.length - args.query_tokens + token + 1) : range.end;
 }
 
+// Where query row m (= token * heads + head) of request `batch_index` lives: in q (elements of
+// q's own size), in out, in lse; and its row in the split outputs [split][batch][rows].
+__device__ __forceinline__ int64_t query_row_offset(const SplitArgs& args, int batch_index, int m) {
+  return batch_index * args.q_batch + (m / args.heads) * args.q_token + (m % args.heads) * args.q_head;
+}
+__device__ __forceinline__ uint16_t* output_row(const SplitArgs& args, int batch_index, int m) {
+  return args.out + batch_index * args.out_batch + (m / args.heads) * args.out_token + (m % args.heads) * args.out_head;
+}
+__device__ __forceinline__ int64_t partial_row_index(const SplitArgs& args, int split, int batch_index, int m) {
+  // split x (rows of all requests) + row: the second term is the same for every split
+  return int64_t(split) * (int64_t(args.batch) * args.rows) + (int64_t(batch_index) * args.rows + m);
+}
+__device__ __forceinline__ float* partial_output_row(const SplitArgs& args, int split, int batch_index, int m) {
+  return args.partial_out + partial_row_index(args, split, batch_index, m) * kLatentDim;
+}
+
+// Four values as bf16 at `out` (8-byte aligned): one store.
+__device__ __forceinline__ void store_bf16_quad(uint16_t* out, float4 values) {
+  const __nv_bfloat162 low = __floats2bfloat162_rn(values.x, values.y);
+  const __nv_bfloat162 high = __floats2bfloat162_rn(values.z, values.w);
+  *reinterpret_cast<uint2*>(out) =
+      make_uint2(*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high));
+}
+
+// The final LSE of a row (base 2 in), in the requested base; nothing where none was requested.
+__device__ __forceinline__ void store_final_lse(const SplitArgs& args, int batch_index, int m, float lse2) {
+  if (args.lse != nullptr) {
+    args.lse[batch_index * args.lse_batch + (m / args.heads) * args.lse_token + (m % args.heads) * args.lse_head] =
+        args.lse_base2 ? lse2 : lse2 * kLn2;
+  }
+}
+
 // Two consecutive output values (already normalised) of row m at `column`: bf16 into out when
 // there is one split, fp32 into the split's partial row otherwise (skipped for an empty row:
 // the combine step never reads the output of a split whose LSE is -inf).
@@ -202,12 +234,11 @@ __device__ __forceinline__ void store_value_pair(const SplitArgs& args, const Ou
                                                  int batch_index, int m, int column, float first, float second,
                                                  bool empty) {
   if (destination.final_output) {
-    uint16_t* out = args.out + batch_index * args.out_batch + (m / args.heads) * args.out_token +
-                    (m % args.heads) * args.out_head + column;
-    *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(first, second);
+    *reinterpret_cast<__nv_bfloat162*>(output_row(args, batch_index, m) + column) =
+        __floats2bfloat162_rn(first, second);
   } else if (!empty) {
-    const int64_t partial_row = (int64_t(destination.split) * args.batch + batch_index) * args.rows + m;
-    *reinterpret_cast<float2*>(args.partial_out + partial_row * kLatentDim + column) = make_float2(first, second);
+    *reinterpret_cast<float2*>(partial_output_row(args, destination.split, batch_index, m) + column) =
+        make_float2(first, second);
   }
 }
 
@@ -215,15 +246,9 @@ __device__ __forceinline__ void store_value_pair(const SplitArgs& args, const Ou
 __device__ __forceinline__ void store_value_quad(const SplitArgs& args, const OutputDestination& destination,
                                                  int batch_index, int m, int column, float4 values) {
   if (destination.final_output) {
-    uint16_t* out = args.out + batch_index * args.out_batch + (m / args.heads) * args.out_token +
-                    (m % args.heads) * args.out_head + column;
-    const __nv_bfloat162 low = __floats2bfloat162_rn(values.x, values.y);
-    const __nv_bfloat162 high = __floats2bfloat162_rn(values.z, values.w);
-    *reinterpret_cast<uint2*>(out) =
-        make_uint2(*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high));
+    store_bf16_quad(output_row(args, batch_index, m) + column, values);
   } else {
-    const int64_t partial_row = (int64_t(destination.split) * args.batch + batch_index) * args.rows + m;
-    *reinterpret_cast<float4*>(args.partial_out + partial_row * kLatentDim + column) = values;
+    *reinterpret_cast<float4*>(partial_output_row(args, destination.split, batch_index, m) + column) = values;
   }
 }
 
@@ -231,12 +256,9 @@ __device__ __forceinline__ void store_value_quad(const SplitArgs& args, const Ou
 __device__ __forceinline__ void store_row_lse(const SplitArgs& args, const OutputDestination& destination,
                                               int batch_index, int m, float lse2) {
   if (destination.final_output) {
-    if (args.lse != nullptr) {
-      args.lse[batch_index * args.lse_batch + (m / args.heads) * args.lse_token + (m % args.heads) * args.lse_head] =
-          args.lse_base2 ? lse2 : lse2 * kLn2;
-    }
+    store_final_lse(args, batch_index, m, lse2);
   } else {
-    args.partial_lse[(int64_t(destination.split) * args.batch + batch_index) * args.rows + m] = lse2;
+    args.partial_lse[partial_row_index(args, destination.split, batch_index, m)] = lse2;
   }
 }
 
