@@ -57,9 +57,9 @@ def mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal=False, 
     q [B, Sq, Hq, 576], kv_cache [pages, page_size, 576] (or [pages, page_size, 1, 576]),
     block_table [B, max_pages] int32, seq_lens [B] int32 (new tokens included).
     workspace: uint8 of get_mla_decode_workspace_size() bytes; allocated per call when None.
-    enable_pdl: launch with programmatic dependent launch (Hopper): the kernel may start while
-    the previous kernel in the stream finishes; the combine step overlaps the attention kernel.
-    No effect on CPU.
+    enable_pdl: launch with programmatic dependent launch (Hopper): the attention kernel may
+    start while the previous kernel in the stream finishes. (The combine step, where there is
+    one, always overlaps the attention kernel so.) No effect on CPU.
     Returns out [B, Sq, Hq, 512] bf16, and lse [B, Sq, Hq] with return_lse.
     """
     if out is None:
