@@ -30,7 +30,8 @@ DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t h
       plan.splits = splits;
     }
   }
-  if (plan.splits == 1 && batch >= 2 && batch <= kMaxBalancedBatch) {
+  if (plan.splits == 1 && batch >= 2 && batch <= kMaxBalancedBatch &&
+      batch * query_tokens * heads <= kMaxBalancedRows) {
     plan.splits = kBalancedSplits;
     plan.balanced = true;
   }

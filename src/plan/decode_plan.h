@@ -28,11 +28,14 @@ constexpr int64_t kDecodeRowsPerTile = 64;
 // chunk of 1/kBalancedChunksPerSm of an SM's fair share of the keys. Without it, a batch of
 // ragged lengths runs as long as its longest requests (list scheduling of a few CTAs per SM:
 // a simulation of PERF.md's D3 gave 0.80 of the ideal, 0.89-0.91 with the balanced splits).
-// 2 splits keep the partial outputs at about FlashMLA's workspace size (B + #SMs rows' worth);
-// every CTA reads all seq_lens, so batches above kMaxBalancedBatch keep the uniform plan.
+// The workspace holds 2 partial rows (2 KB each) per query row (FlashMLA's: B + #SMs rows per
+// (token, head)), 134 MB for D3's 32K rows: plans of more than kMaxBalancedRows query rows
+// keep the uniform plan (no workspace), and so do batches above kMaxBalancedBatch (every CTA
+// reads all seq_lens).
 constexpr int64_t kBalancedSplits = 2;
 constexpr int64_t kBalancedChunksPerSm = 4;
 constexpr int64_t kMaxBalancedBatch = 1024;
+constexpr int64_t kMaxBalancedRows = 65536;  // B x Sq x Hq: at most 269 MB of workspace
 
 struct DenseDecodePlan {
   int64_t row_tiles = 1;  // ceil(Sq * Hq / kDecodeRowsPerTile) CTAs per (request, split)

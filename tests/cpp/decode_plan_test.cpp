@@ -31,14 +31,18 @@ TEST(DecodePlan, BalancedWhenTheRequestsFillTheGpu) {
   for (const DenseDecodePlan plan : {plan_dense_decode(128, 1, 64, 132),   // 128 CTAs
                                      plan_dense_decode(64, 2, 128, 132),   // 256 CTAs: two waves
                                      plan_dense_decode(128, 2, 128, 132),  // PERF.md's D3
-                                     plan_dense_decode(kMaxBalancedBatch, 1, 16, 132)}) {
+                                     plan_dense_decode(kMaxBalancedBatch, 1, 16, 132),
+                                     plan_dense_decode(256, 2, 128, 132)}) {  // kMaxBalancedRows
     EXPECT_TRUE(plan.balanced);
     EXPECT_EQ(plan.splits, kBalancedSplits);
   }
-  // Every CTA reads all seq_lens: larger batches keep one split.
-  const DenseDecodePlan huge = plan_dense_decode(kMaxBalancedBatch + 1, 1, 16, 132);
-  EXPECT_FALSE(huge.balanced);
-  EXPECT_EQ(huge.splits, 1);
+  // Every CTA reads all seq_lens: larger batches keep one split; so do plans whose partial
+  // rows would take more than kMaxBalancedRows rows' worth of workspace.
+  for (const DenseDecodePlan plan : {plan_dense_decode(kMaxBalancedBatch + 1, 1, 16, 132),
+                                     plan_dense_decode(1024, 4, 128, 132)}) {
+    EXPECT_FALSE(plan.balanced);
+    EXPECT_EQ(plan.splits, 1);
+  }
   // The workspace holds both splits' partial rows and one count per request.
   EXPECT_EQ(decode_split_workspace_bytes(128, 2, 128, 512, 2),
             (size_t(2 * 128 * 2 * 128) * 513 * 4 + 128 * 4 + 255) / 256 * 256);

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/decode_plan.h"
 #include "test_support.h"
 
 namespace openmla::testing {
@@ -638,9 +639,12 @@ TEST(DenseDecodeGpuEdges, RejectsMissingOrShortWorkspace) {
 
 // One call captured in a CUDA graph (no warm-up call of its own; global capture mode, as torch
 // uses), then replayed after new seq_lens, block tables, cache pages and queries were copied
-// into the same device buffers: each replay must follow the new values.
+// into the same device buffers: each replay must follow the new values. The workspace is
+// poisoned once, before the capture, and then keeps what each replay leaves in it, as in an
+// engine. `after_replay` (optional) inspects the call after replay `set`.
 void expect_replays_follow(const DecodeCase& c, const std::vector<std::vector<int32_t>>& length_sets,
-                           int64_t table_width, int64_t page_count) {
+                           int64_t table_width, int64_t page_count,
+                           const std::function<void(const DeviceCall&, size_t)>& after_replay = nullptr) {
   auto rng = make_rng();
   const DecodeInputs captured = make_inputs(c, length_sets[0], rng, table_width, page_count);
   const DecodeResult poisoned = poisoned_result(captured);
@@ -673,11 +677,11 @@ void expect_replays_follow(const DecodeCase& c, const std::vector<std::vector<in
     call.seq_lens.copy_from(inputs.seq_lens);
     call.out.copy_from(poisoned.out);
     call.lse.copy_from(poisoned.lse);
-    ASSERT_EQ(cudaMemset(call.workspace->pointer, 0xff, call.workspace->byte_count), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ASSERT_EQ(cudaGraphLaunch(replay, stream), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     expect_close(inputs, call.result(inputs), run_reference(inputs), kHalfPrecision);
+    if (after_replay) after_replay(call, set);
   }
   EXPECT_EQ(cudaGraphExecDestroy(replay), cudaSuccess);
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
@@ -695,15 +699,38 @@ TEST(DenseDecodeGpuGraph, ReplayFollowsNewLengthsAndBlockTables) {
 
 // A balanced plan (130 requests): equal lengths (one split each, no partials), then ragged ones
 // (the long requests take two splits), then equal again: the combine step must follow each
-// replay's split counts, never an earlier one's.
+// replay's split counts, never an earlier one's (a stale 2 would merge old partials over a
+// request's direct output). The counts in the workspace show that both kinds of request ran.
 TEST(DenseDecodeGpuGraph, BalancedReplayFollowsSplitCounts) {
   OPENMLA_REQUIRE_GPU();
   constexpr int64_t kBatch = 130, kPage = 16, kLongest = 640;
   const DecodeCase c{kBatch, 1, 3, kLongest, kPage, true, false};
+  const DenseDecodePlan plan = plan_dense_decode(kBatch, c.query_tokens, c.heads,
+                                                 planning_sm_count(Device{DeviceType::kCUDA, 0}));
+  if (!plan.balanced) GTEST_SKIP() << "this GPU's SM count gives 130 requests a uniform plan";
   std::vector<int32_t> equal(kBatch, 300), ragged(kBatch, 0), equal_long(kBatch, kLongest);
   for (int64_t b = 0; b < kBatch; ++b) ragged[size_t(b)] = int32_t(b % 3 == 0 ? kLongest : b % 3 == 1 ? 0 : 5 * b);
+  const std::vector<std::vector<int32_t>> sets{equal, ragged, equal_long, ragged};
+  // [split][batch][rows] partial rows of 512 floats, as many LSE floats, then the counts.
+  const size_t partial_rows = size_t(plan.splits * kBatch * c.query_tokens * c.heads);
+  const size_t counts_offset = partial_rows * (512 + 1) * sizeof(float);
+  auto check_counts = [&](const DeviceCall& call, size_t set) {
+    std::vector<int32_t> counts(kBatch);
+    ASSERT_EQ(cudaMemcpy(counts.data(), static_cast<uint8_t*>(call.workspace->pointer) + counts_offset,
+                         counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    // Equal lengths: one split each. Ragged (10 tiles at most, a fair share of ~5 tiles per
+    // SM, so chunks of 1 tile): the longest requests take two, the empty ones one.
+    const bool is_ragged = set % 2 == 1;
+    for (int64_t b = 0; b < kBatch; ++b) {
+      const int32_t length = sets[set][size_t(b)];
+      const int32_t expected = !is_ragged || length == 0 ? 1 : length == kLongest ? 2 : counts[size_t(b)];
+      EXPECT_TRUE(counts[size_t(b)] == 1 || counts[size_t(b)] == 2) << "request " << b << ": " << counts[size_t(b)];
+      EXPECT_EQ(counts[size_t(b)], expected) << "request " << b << " (length " << length << ") of set " << set;
+    }
+  };
   const int64_t width = kLongest / kPage;
-  expect_replays_follow(c, {equal, ragged, equal_long, ragged}, width, kBatch * width + 2);
+  expect_replays_follow(c, sets, width, kBatch * width + 2, check_counts);
 }
 
 #endif  // OPENMLA_WITH_CUDA

@@ -170,8 +170,8 @@ void dense_decode(const DenseDecodeParams& params) {
   if (batch == 0) return;
 
   // Splits outermost: the hardware starts CTAs in grid order, so every request's first split
-  // starts before any second one (in a balanced plan most second splits are unused and exit
-  // at once: they then run on the SMs that the first wave left idle, and at its end).
+  // starts before any second one (in a balanced plan most second splits are unused: they exit
+  // after the prologue's seq_lens scan, on the SMs that the first wave left idle and at its end).
   const dim3 grid(unsigned(plan.row_tiles), unsigned(batch), unsigned(plan.splits));
   const cudaStream_t stream = as_cuda_stream(params.stream);
   const CUtensorMap cache_map = make_cache_map(cache, uses_narrow_kernel(args.rows));

@@ -105,10 +105,10 @@ __device__ __forceinline__ int* request_split_count() {
 // A balanced plan's split count for a request of `tiles` key tiles (splits_of_request below),
 // by one warp. Not inlined, so that the uniform plans' prologue (which D4 runs cold, once per
 // CTA) stays as short as it was.
-__device__ __noinline__ int balanced_split_count(const int32_t* seq_lens, int64_t seq_lens_stride, int batch,
+static __device__ __noinline__ int balanced_split_count(const int32_t* seq_lens, int64_t seq_lens_stride, int batch,
                                                  int tiles, int splits, int row_tiles, int sm_count) {
-  // 32-bit sums: each request counts at most 2^21 tiles (134M keys), 1024 requests at most.
-  constexpr int kCountedTiles = 1 << 21;
+  // 32-bit sums: each request counts at most 2^21 - 1 tiles (134M keys), 1024 requests at most.
+  constexpr int kCountedTiles = (1 << 21) - 1;
   int total = 0, longest = 0;
 #pragma unroll 1
   for (int b = threadIdx.x % 32; b < batch; b += 32) {
@@ -228,7 +228,7 @@ __device__ __forceinline__ void store_final_lse(const SplitArgs& args, int batch
 }
 
 // Two consecutive output values (already normalised) of row m at `column`: bf16 into out when
-// there is one split, fp32 into the split's partial row otherwise (skipped for an empty row:
+// the request uses one split, fp32 into the split's partial row otherwise (skipped for an empty row:
 // the combine step never reads the output of a split whose LSE is -inf).
 __device__ __forceinline__ void store_value_pair(const SplitArgs& args, const OutputDestination& destination,
                                                  int batch_index, int m, int column, float first, float second,
