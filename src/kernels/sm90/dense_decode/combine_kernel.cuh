@@ -48,6 +48,12 @@ __device__ __forceinline__ float float_from_order_key(int key) {
   return __int_as_float(key >= 0 ? key : key ^ 0x7fffffff);
 }
 
+// The merged row's LSE (base 2) from the largest split LSE and the sum of the weights
+// 2^(l_i - max): NaN if any split was NaN, -inf if no split had a key.
+__device__ __forceinline__ float merged_lse2(bool has_nan, float max_lse, float weight_sum) {
+  return has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
+}
+
 __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(SplitArgs args) {
   __shared__ float weights[kMaxDecodeSplits];  // 2^(l_i - max), 0 for an empty split
   __shared__ int max_key, has_nan;
@@ -129,7 +135,7 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(S
   store_bf16_quad(output_row(args, batch_index, m) + first_column + 4 * column_thread,
                   make_float4(sum.x * inverse, sum.y * inverse, sum.z * inverse, sum.w * inverse));
   if (column_thread == 0 && first_column == 0) {
-    store_final_lse(args, batch_index, m, has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum));
+    store_final_lse(args, batch_index, m, merged_lse2(has_nan, max_lse, weight_sum));
   }
 }
 
@@ -184,7 +190,7 @@ __global__ void __launch_bounds__(32 * kCombineRowsPerBlock) dense_decode_combin
     store_bf16_quad(out + 4 * quad, make_float4(sum.x * inverse, sum.y * inverse, sum.z * inverse, sum.w * inverse));
   }
   if (lane == 0) {
-    store_final_lse(args, batch_index, m, has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum));
+    store_final_lse(args, batch_index, m, merged_lse2(has_nan, max_lse, weight_sum));
   }
 }
 

@@ -3,8 +3,9 @@
 // cache, wide_kernel.cuh with an FP8 cache) and the instantiation for the dtypes, describes
 // the cache to the TMA, plans the split-KV grid from shapes alone (plan/decode_plan.h), and
 // launches the attention kernel and, when the plan has several splits, the combine kernel
-// (combine_kernel.cuh: one for balanced plans, one for uniform ones). Nothing here reads device memory or synchronises, so a call captures
-// into a CUDA graph and replays with new seq_lens and block tables.
+// (combine_kernel.cuh: one for balanced plans, one for uniform ones). Nothing here reads
+// device memory or synchronises, so a call captures into a CUDA graph and replays with new
+// seq_lens and block tables.
 #include "kernels/sm90/dense_decode/dense_decode.h"
 
 #include <cuda.h>
