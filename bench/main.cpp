@@ -34,8 +34,8 @@ and every openmla op that has a GPU kernel, and reports each op as a fraction of
 Without a GPU, runs the CPU reference on a small case.
 
 options:
-  --filter SUBSTR  run only the cases whose "op dtype case" contains SUBSTR
-                   (the ceilings always run)
+  --filter LIST    run only the cases whose "op dtype case" contains one of the
+                   comma-separated substrings of LIST (the ceilings always run)
   --quick          10 timed repetitions per case instead of 30
   --json PATH      write the results as JSON to PATH
   --plot PREFIX    write PNG bar charts PREFIX_<op>.png (fraction of ceiling per case)
@@ -123,9 +123,21 @@ bool run_gpu(const Options& options, RunInfo& info, Ceilings& ceilings,
   std::vector<Case> all_cases, cases;
   add_kv_cache_cases(all_cases);
   add_dense_decode_cases(all_cases);
+  std::vector<std::string> wanted;  // --filter's alternatives
+  for (size_t begin = 0;;) {
+    const size_t comma = options.filter.find(',', begin);
+    wanted.push_back(options.filter.substr(begin, comma - begin));
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
+  }
   for (const Case& candidate : all_cases) {
     const std::string label = candidate.op + " " + candidate.dtype + " " + candidate.name;
-    if (label.find(options.filter) != std::string::npos) cases.push_back(candidate);
+    for (const std::string& substring : wanted) {
+      if (label.find(substring) != std::string::npos) {
+        cases.push_back(candidate);
+        break;
+      }
+    }
   }
 
   const int repetitions = options.quick ? 10 : 30;
