@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # A/B benchmark in one device call: builds the working tree and a baseline source tree, runs
 # the GPU tests of the working tree (a gtest filter), then the benchmark of both in alternating
-# rounds, so that both see the same GPU state; prints each case's times side by side.
+# rounds, so that both see the same GPU state; prints each case's times side by side and the
+# ratio of the fastest rounds (new / baseline). Exits 1 when a test or a benchmark run fails.
 #
 #   scripts/ab_compare.sh BASELINE_DIR BENCH_FILTER [ROUNDS] [GTEST_FILTER]
 #
 # BASELINE_DIR: a copy of an earlier commit, e.g. `git worktree add .carry/base HEAD` here,
-# carried to the device (`carry: [".carry/base"]`). BENCH_FILTER: openmla-bench --filter LIST.
+# carried to the device (`carry: [".carry/base"]`). BENCH_FILTER: openmla-bench --filter LIST
+# (a baseline older than c8d5e78 takes a single substring, no commas).
 # GTEST_FILTER (default: the dense-decode GPU tests; "-" skips the tests).
 # Output: $OUT/ab.txt (the table), $OUT/ab-log.txt (builds and raw benchmark output).
 set -uo pipefail
@@ -15,6 +17,7 @@ baseline="$1" filter="$2" rounds="${3:-2}" tests="${4:-*DenseDecodeGpu*}"
 out="${OUT:-$PWD/device-out}"
 mkdir -p "$out"
 log="$out/ab-log.txt"
+: >"$out/ab-raw.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv >"$log" 2>&1
 
 build_tree() {  # source dir, build dir, targets...
@@ -37,7 +40,8 @@ for round in $(seq "$rounds"); do
   for side in base new; do
     echo "== round $round $side" >>"$log"
     # Each case's progress line on stderr: "[i/n] op dtype case ... T us".
-    "build-ab-$side/bench/openmla-bench" --quick --filter "$filter" 2>/tmp/ab-progress.txt >>"$log"
+    "build-ab-$side/bench/openmla-bench" --quick --filter "$filter" 2>/tmp/ab-progress.txt >>"$log" || {
+      echo "benchmark run failed: $side, round $round (see ab-log.txt)"; status=1; }
     cat /tmp/ab-progress.txt >>"$log"
     grep ' us$' /tmp/ab-progress.txt | sed "s/^/$side\t$round\t/" >>"$out/ab-raw.txt"
   done
