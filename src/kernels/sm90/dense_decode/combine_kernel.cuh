@@ -64,8 +64,8 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(S
   const int row_index = blockIdx.x / kCombineColumnBlocks;
   const int batch_index = row_index / args.rows, m = row_index % args.rows;
   const int first_column = (blockIdx.x % kCombineColumnBlocks) * (kLatentDim / kCombineColumnBlocks);
-  const int64_t split_stride = int64_t(args.batch) * args.rows;  // partial rows: split x stride + row
-  const int64_t row = int64_t(batch_index) * args.rows + m;
+  // partial_row_index, with the per-split stride taken once for the unrolled loads below
+  const int64_t split_stride = partial_rows_per_split(args), row = partial_row_index(args, 0, batch_index, m);
   const int thread = threadIdx.x;
   const float split_lse = thread < args.splits ? args.partial_lse[thread * split_stride + row] : -INFINITY;
   if (thread == 0) {
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(32 * kCombineRowsPerBlock) dense_decode_combin
   const float own_weight = split_lse != -INFINITY && !has_nan ? exp2f(split_lse - max_lse) : 0.0f;
   float weights[kBalancedSplits], weight_sum = 0.0f;
   const float* first_split = partial_output_row(args, 0, batch_index, m) + lane * kCombineRowColumns;
-  const int64_t split_floats = int64_t(args.batch) * args.rows * kLatentDim;
+  const int64_t split_floats = partial_rows_per_split(args) * kLatentDim;
   float4 parts[kBalancedSplits][kCombineRowColumns / 4];
 #pragma unroll
   for (int split = 0; split < kBalancedSplits; ++split) {

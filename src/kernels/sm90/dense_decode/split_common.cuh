@@ -203,9 +203,12 @@ __device__ __forceinline__ int64_t query_row_offset(const SplitArgs& args, int b
 __device__ __forceinline__ uint16_t* output_row(const SplitArgs& args, int batch_index, int m) {
   return args.out + batch_index * args.out_batch + (m / args.heads) * args.out_token + (m % args.heads) * args.out_head;
 }
+// Rows of one split in the split outputs (every request's rows): row r of split s is s x this + r.
+__device__ __forceinline__ int64_t partial_rows_per_split(const SplitArgs& args) {
+  return int64_t(args.batch) * args.rows;
+}
 __device__ __forceinline__ int64_t partial_row_index(const SplitArgs& args, int split, int batch_index, int m) {
-  // split x (rows of all requests) + row: the second term is the same for every split
-  return int64_t(split) * (int64_t(args.batch) * args.rows) + (int64_t(batch_index) * args.rows + m);
+  return int64_t(split) * partial_rows_per_split(args) + (int64_t(batch_index) * args.rows + m);
 }
 __device__ __forceinline__ float* partial_output_row(const SplitArgs& args, int split, int batch_index, int m) {
   return args.partial_out + partial_row_index(args, split, batch_index, m) * kLatentDim;
