@@ -530,6 +530,10 @@ const DecodeCase kCoveringCases[] = {
     {66, 2, 64, 1000, 32, true, true},
     with({66, 1, 128, 1000, 64, true, false, kBf16, kFp8}, [](DecodeCase& c) { c.with_lse = false; }),
     with({130, 1, 9, 1000, 128, true, true, kFp8, kFp8}, [](DecodeCase& c) { c.lse_base = LseBase::kBase2; }),
+    // Balanced plans walk the requests longest first (split_common.cuh cta_work) up to 256
+    // requests (here with many equal lengths: ties broken by index), in grid order above.
+    {256, 1, 16, 140, 32, true, true},
+    {300, 1, 16, 140, 64, true, false},
 };
 
 std::string param_name(const ::testing::TestParamInfo<DecodeCase>& info) {

@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   wait_for_previous_grid();  // PDL (see wide_kernel.cuh)
   allow_next_grid();
 
-  const int tile_index = blockIdx.x, batch_index = blockIdx.y, split = blockIdx.z;
+  const CtaWork work = cta_work(args, reinterpret_cast<int*>(stages));
+  const int tile_index = blockIdx.x, batch_index = work.batch_index, split = work.split;
   const int first_row = tile_index * kRowsPerTile;
   const int rows_here = min(kRowsPerTile, args.rows - first_row);
   start_early_loads<(2)>(&cache_map, args, batch_index, first_row, rows_here);

@@ -173,6 +173,8 @@ void dense_decode(const DenseDecodeParams& params) {
   // Splits outermost: the hardware starts CTAs in grid order, so every request's first split
   // starts before any second one (in a balanced plan most second splits are unused: they exit
   // after the prologue's seq_lens scan, on the SMs that the first wave left idle and at its end).
+  // A balanced plan with ragged lengths walks this plane longest request first instead
+  // (split_common.cuh cta_work).
   const dim3 grid(unsigned(plan.row_tiles), unsigned(batch), unsigned(plan.splits));
   const cudaStream_t stream = as_cuda_stream(params.stream);
   const CUtensorMap cache_map = make_cache_map(cache, uses_narrow_kernel(args.rows));

@@ -162,7 +162,8 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   wait_for_previous_grid();  // PDL (see wide_kernel.cuh)
   allow_next_grid();
 
-  const int batch_index = blockIdx.y, split = blockIdx.z;
+  const CtaWork work = cta_work(args, reinterpret_cast<int*>(stages));
+  const int batch_index = work.batch_index, split = work.split;
   const int rows_here = args.rows;  // <= kRows: one row tile
   start_early_loads<(kFp8Q ? 1 : 2)>(&cache_map, args, batch_index, 0, rows_here);
   const KeyRange range = split_key_range(args, batch_index, split, 0, rows_here);

@@ -102,13 +102,20 @@ __device__ __forceinline__ int* request_split_count() {
   return &count;
 }
 
+// 32-bit sums of key tiles: each request counts at most 2^21 - 1 tiles (134M keys), 1024
+// requests at most.
+constexpr int kCountedTiles = (1 << 21) - 1;
+// A balanced plan's lengths within 1/8 of their mean: the uniform plan (one split each) is
+// already balanced.
+__device__ __forceinline__ bool lengths_are_even(int total_tiles, int longest_tiles, int batch) {
+  return 8.0f * float(longest_tiles) * float(batch) <= 9.0f * float(total_tiles);
+}
+
 // A balanced plan's split count for a request of `tiles` key tiles (splits_of_request below),
 // by one warp. Not inlined, so that the uniform plans' prologue (which D4 runs cold, once per
 // CTA) stays as short as it was.
 static __device__ __noinline__ int balanced_split_count(const int32_t* seq_lens, int64_t seq_lens_stride, int batch,
                                                  int tiles, int splits, int row_tiles, int sm_count) {
-  // 32-bit sums: each request counts at most 2^21 - 1 tiles (134M keys), 1024 requests at most.
-  constexpr int kCountedTiles = (1 << 21) - 1;
   int total = 0, longest = 0;
 #pragma unroll 1
   for (int b = threadIdx.x % 32; b < batch; b += 32) {
@@ -121,8 +128,7 @@ static __device__ __noinline__ int balanced_split_count(const int32_t* seq_lens,
     total += __shfl_xor_sync(0xffffffffu, total, mask);
     longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, mask));
   }
-  // Lengths within 1/8 of their mean: the uniform plan (one split each) is already balanced.
-  if (8.0f * float(longest) * float(batch) <= 9.0f * float(total)) return 1;
+  if (lengths_are_even(total, longest, batch)) return 1;
   const float fair_share = float(total) * float(row_tiles) / float(sm_count * kBalancedChunksPerSm);
   const int chunk = max(1, int(fair_share));
   // At least one split: an empty request's CTA writes its zeros and -inf.
@@ -144,6 +150,62 @@ __device__ __forceinline__ int splits_of_request(const SplitArgs& args, int tile
   }
   __syncthreads();
   return *request_split_count();
+}
+
+// Which request and split a CTA works on (the alternating and narrow kernels; the wide kernel
+// keeps the grid order: wide_kernel.cuh). Uniform plans, and balanced plans whose lengths are
+// even (every request one split) or of more than kMaxRankedBatch requests: its grid position
+// (y, z), splits outermost. Balanced plans of ragged lengths: the (y, z) plane is walked in
+// order of request length, longest first, the two splits of a request side by side, so that
+// the hardware (which starts CTAs in grid order, one per SM) starts the longest work first and
+// the short requests fill the gaps at the end (longest-first list scheduling; a simulation of
+// PERF.md's D3 on 132 SMs: 0.96-0.98 of the ideal balance instead of 0.89-0.91 in grid order;
+// with even lengths the side-by-side order only delays the working CTAs behind the empty
+// second splits). Every CTA ranks all requests itself (so a captured graph replays correctly
+// with new lengths), through `scratch` (kMaxRankedBatch + 3 ints of shared memory that are
+// free until the pipeline starts); all threads of the CTA must call it.
+struct CtaWork {
+  int batch_index, split;
+};
+constexpr int kMaxRankedBatch = 256;  // ranking costs every CTA ~B^2 / threads comparisons
+
+// The balanced plan's CtaWork (see above). Not inlined: the attention kernels' prologue stays
+// as it was for uniform plans.
+static __device__ __noinline__ CtaWork balanced_cta_work(const int32_t* seq_lens, int64_t seq_lens_stride, int batch,
+                                                         int* scratch) {
+  int& total = scratch[kMaxRankedBatch];  // (in scratch: static shared words are all but used up)
+  int& longest = scratch[kMaxRankedBatch + 1];
+  int& chosen = scratch[kMaxRankedBatch + 2];
+  if (threadIdx.x == 0) total = longest = 0;
+  __syncthreads();
+  for (int b = threadIdx.x; b < batch; b += blockDim.x) {
+    const int tiles = min(key_tiles_of(seq_lens[b * seq_lens_stride]), kCountedTiles);
+    scratch[b] = tiles;
+    atomicAdd(&total, tiles);
+    atomicMax(&longest, tiles);
+  }
+  __syncthreads();
+  if (lengths_are_even(total, longest, batch)) return {int(blockIdx.y), int(blockIdx.z)};
+  const int position = int(blockIdx.y + gridDim.y * blockIdx.z);  // in the grid's order
+  const int splits = int(gridDim.z), rank = position / splits;
+  // The request of rank `rank`: key tiles descending, then index ascending (a strict order, so
+  // the ranks are a permutation of the requests).
+  for (int candidate = threadIdx.x; candidate < batch; candidate += blockDim.x) {
+    const int tiles = scratch[candidate];
+    int ahead = 0;  // requests ranked before the candidate
+#pragma unroll 4
+    for (int other = 0; other < batch; ++other) {
+      const int other_tiles = scratch[other];
+      ahead += other_tiles > tiles || (other_tiles == tiles && other < candidate);
+    }
+    if (ahead == rank) chosen = candidate;
+  }
+  __syncthreads();  // (scratch is next written by the pipeline, after a later CTA barrier)
+  return {chosen, position % splits};
+}
+__device__ __forceinline__ CtaWork cta_work(const SplitArgs& args, int* scratch) {
+  if (!args.balanced || args.batch > kMaxRankedBatch) return {int(blockIdx.y), int(blockIdx.z)};
+  return balanced_cta_work(args.seq_lens, args.seq_lens_stride, args.batch, scratch);
 }
 
 // Where a CTA's results go: the output itself (its request uses one split) or the partial rows
