@@ -78,10 +78,8 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   wait_for_previous_grid();
   allow_next_grid();
 
-  // Grid order, not cta_work's longest-first order (split_common.cuh): with the request and
-  // split no longer blockIdx values (uniform registers), ptxas rescheduled this kernel's loops
-  // and FP8 D2 Hq64 ran 3-5% slower (H100), more than the order gained on D3 (3-5%).
-  const int tile_index = blockIdx.x, batch_index = blockIdx.y, split = blockIdx.z;
+  const CtaWork work = cta_work<true>(args, reinterpret_cast<int*>(stages));
+  const int tile_index = blockIdx.x, batch_index = work.batch_index, split = work.split;
   const int first_row = tile_index * kRowsPerTile;
   const int rows_here = min(kRowsPerTile, args.rows - first_row);
   start_early_loads<(kFp8Q ? 1 : 2)>(&cache_map, args, batch_index, first_row, rows_here);
