@@ -111,6 +111,15 @@ __device__ __forceinline__ bool lengths_are_even(int total_tiles, int longest_ti
   return 8.0f * float(longest_tiles) * float(batch) <= 9.0f * float(total_tiles);
 }
 
+// A warp's sum and maximum of its lanes' key-tile counts, in every lane.
+__device__ __forceinline__ void warp_total_and_longest(int& total, int& longest) {
+#pragma unroll
+  for (int mask = 16; mask > 0; mask /= 2) {
+    total += __shfl_xor_sync(0xffffffffu, total, mask);
+    longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, mask));
+  }
+}
+
 // A balanced plan's split count for a request of `tiles` key tiles (splits_of_request below),
 // by one warp. Not inlined, so that the uniform plans' prologue (which D4 runs cold, once per
 // CTA) stays as short as it was.
@@ -123,11 +132,7 @@ static __device__ __noinline__ int balanced_split_count(const int32_t* seq_lens,
     total += request_tiles;
     longest = max(longest, request_tiles);
   }
-#pragma unroll
-  for (int mask = 16; mask > 0; mask /= 2) {
-    total += __shfl_xor_sync(0xffffffffu, total, mask);
-    longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, mask));
-  }
+  warp_total_and_longest(total, longest);
   if (lengths_are_even(total, longest, batch)) return 1;
   const float fair_share = float(total) * float(row_tiles) / float(sm_count * kBalancedChunksPerSm);
   const int chunk = max(1, int(fair_share));
@@ -184,11 +189,7 @@ __device__ __forceinline__ CtaWork ranked_cta_work(const int32_t* seq_lens, int6
     my_longest = max(my_longest, tiles);
   }
   // One shared atomic per warp (one per thread on the same two words serialised B of them).
-#pragma unroll
-  for (int mask = 16; mask > 0; mask /= 2) {
-    my_total += __shfl_xor_sync(0xffffffffu, my_total, mask);
-    my_longest = max(my_longest, __shfl_xor_sync(0xffffffffu, my_longest, mask));
-  }
+  warp_total_and_longest(my_total, my_longest);
   if (threadIdx.x % 32 == 0 && threadIdx.x < batch) {
     atomicAdd(&total, my_total);
     atomicMax(&longest, my_longest);
