@@ -32,7 +32,9 @@ build_tree "$baseline" build-ab-base openmla-bench || { echo "baseline build fai
 
 status=0
 if [ "$tests" != "-" ]; then
-  build-ab-new/tests/openmla_tests --gtest_filter="$tests" --gtest_brief=1 >"$out/ab-tests.txt" 2>&1 || status=1
+  # A kernel that hangs must not spend the whole device call.
+  timeout 300 build-ab-new/tests/openmla_tests --gtest_filter="$tests" --gtest_brief=1 >"$out/ab-tests.txt" 2>&1 ||
+    { status=1; echo "tests failed or timed out (300 s)"; }
   tail -4 "$out/ab-tests.txt"
 fi
 
@@ -40,7 +42,7 @@ for round in $(seq "$rounds"); do
   for side in base new; do
     echo "== round $round $side" >>"$log"
     # Each case's progress line on stderr: "[i/n] op dtype case ... T us".
-    "build-ab-$side/bench/openmla-bench" --quick --filter "$filter" 2>/tmp/ab-progress.txt >>"$log" || {
+    timeout 300 "build-ab-$side/bench/openmla-bench" --quick --filter "$filter" 2>/tmp/ab-progress.txt >>"$log" || {
       echo "benchmark run failed: $side, round $round (see ab-log.txt)"; status=1; }
     cat /tmp/ab-progress.txt >>"$log"
     grep ' us$' /tmp/ab-progress.txt | sed "s/^/$side\t$round\t/" >>"$out/ab-raw.txt"

@@ -1,6 +1,6 @@
 // Hopper warpgroup MMA (wgmma) vocabulary: shared-memory matrix descriptors for the 128-byte
 // swizzled layouts, and the m64nNk16 instructions (fp16 or bf16 inputs, fp32 accumulators)
-// for the decode kernels (dense_decode/alternating_kernel.cuh, wide_kernel.cuh,
+// for the decode kernels (dense_decode/alternating_kernel.cuh,
 // narrow_kernel.cuh); tests/cpp/wgmma_gpu_test.cu checks the layouts against a CPU product.
 //
 // Layout (both majors): a tile is stored as 8 KB blocks of 64 x 64 16-bit values, 128 bytes per
@@ -141,7 +141,7 @@ OPENMLA_DEFINE_WGMMA_SS(wgmma_64x32x16, "m64n32k16", 16, "%16", "%17", "%18", "0
 // D (64 x 32) += A (M-major, tnspA) * B (K-major): O^T = V^T P^T for 32 query rows.
 OPENMLA_DEFINE_WGMMA_SS(wgmma_64x32x16_a_m_major, "m64n32k16", 16, "%16", "%17", "%18", "1, 0")
 
-// D (64 x 32) += A (registers: the m64k16 fragment, see query_fragment in wide_kernel.cuh) *
+// D (64 x 32) += A (registers: the m64k16 fragment, see query_fragment in dense_decode/key_tiles.cuh) *
 // B (K-major, [n][k]).
 OPENMLA_DEFINE_WGMMA_RS(wgmma_64x32x16_a_registers, "m64n32k16", 16, "{%16, %17, %18, %19}", "%20", "%21", "0")
 

@@ -1,17 +1,26 @@
-// Dense MLA decode, split-KV attention kernel for more than 32 query rows with a 16-bit cache:
-// the two warpgroups take turns on the key tiles. (wide_kernel.cuh, which splits every tile's S
-// between them and trades maxima and P at two CTA barriers per tile, reached 0.57-0.65 of the
-// BF16 GEMM rate on the compute-bound cases; this one 0.72-0.81: docs/perf-log.md.)
+// Dense MLA decode, split-KV attention kernel for more than 32 query rows (<= 32:
+// narrow_kernel.cuh), any cache dtype: the two consumer warpgroups take turns on the key tiles.
 //
-// What: as wide_kernel.cuh (64 query rows per CTA, one KV split, V = the first 512 dims).
+// What: for one request b, one tile of 64 query rows and one KV split, the softmax attention of
+// the rows over the split's keys: S = Q K^T (576 dims), P = softmax(S), O = P V (V = the first
+// 512 dims of the same cache rows). Query rows are the request's Sq tokens x Hq heads folded
+// into M (row m = s * Hq + h), so a 64-row wgmma tile is filled by Hq = 64, Hq = 16 x Sq = 4...
+// Roles: 384 threads = two consumer warpgroups (the math) + one producer warpgroup (setmaxnreg
+// moves its registers to the consumers): one thread issues the TMA loads; with an FP8 cache,
+// three warps widen each landed tile in place to fp16 (key_tiles.cuh widen_key_tile_in_place).
 // Tiling: key tiles of 64 tokens taken in pairs (a, b). Warpgroup 0 owns tile a, warpgroup 1
 // tile b: the owner computes S = Q K^T for its tile (64 x 64, wgmma m64n64k16; Q from shared
 // memory for dims 0..511, from registers for the 64 rope dims), its softmax, and publishes the
 // new row maxima, the rescale factor and P (16-bit) in shared memory. Every warpgroup owns 256
 // of the 512 value columns: O += P V for the own tile takes P from registers, for the other
-// tile from shared memory. The running maximum is handed on a -> b -> next a, so each tile's
+// tile from shared memory (m64n256k16, V read N-major from the key tile itself, so each cache
+// row is loaded once). The running maximum is handed on a -> b -> next a, so each tile's
 // softmax depends on the previous tile's, but one warpgroup's softmax runs while the other's
-// S or O += P V keeps the tensor cores busy.
+// S or O += P V keeps the tensor cores busy. (Splitting every tile's S between the warpgroups
+// and trading maxima and P at two CTA barriers per tile, as an earlier kernel did, reached
+// 0.57-0.65 of the BF16 GEMM rate on the compute-bound cases against this one's 0.72-0.81,
+// and its FP8 form, which widened each tile into a separate math tile between the products,
+// was 5-12% slower on the 64-row FP8 cases: perf log, session 8.)
 // Ordering between the warpgroups (mbarriers: arrive by the signalling warpgroup, wait by the
 // other):
 //   published_a / published_b: maxima, factor and P of tile a / b are in shared memory;
@@ -22,9 +31,15 @@
 // Shared memory: Q 72 KB (its rope block is reused as tile a's P buffer once the rope values
 // are in registers), two 72 KB key stages, tile b's P buffer 8 KB, maxima and factors: 226 KB.
 // Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
-// P V of its tile are done.
-// Limits: 16-bit caches only (an FP8 cache needs a 72 KB math tile per tile of the pair, which
-// does not fit: it runs wide_kernel.cuh).
+// P V of its tile are done. An FP8 tile (36 KB) lands in the upper halves of its stage's 64-dim
+// blocks and is widened exactly to fp16 in place, then the stage is full.
+// Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
+// guards that keep a row without keys at output 0 and LSE -inf. FP8 caches compute in fp16
+// (e4m3 widens exactly; bf16 q is scaled by a power of two into fp16 range).
+// Epilogue: one split writes the 16-bit output and LSE directly; several splits write fp32
+// partial outputs and base-2 LSEs to the workspace for the combine kernel.
+// Limits: head dim 576 / value dim 512 fixed; rows tiled by 64 (rows past the end are zero
+// queries whose keys are all masked).
 #pragma once
 
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
@@ -44,8 +59,8 @@ struct AlternatingLayout {
   static constexpr int kFactorA = kMaxima + kRowsPerTile * 4;          // [64]
   static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;         // [64]
   static constexpr int kSums = kFactorB + kRowsPerTile * 4;            // [2][64]
-  static constexpr int kBarriers = kSums + 2 * kRowsPerTile * 4;       // full[2], empty[2]
-  static constexpr int kHandoffs = kBarriers + 4 * 8;                  // see kPublishedA ...
+  static constexpr int kBarriers = kSums + 2 * kRowsPerTile * 4;       // full[2], empty[2], landed[2]
+  static constexpr int kHandoffs = kBarriers + 6 * 8;                  // see kPublishedA ...
   static constexpr int kBytes = kHandoffs + 6 * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
 };
@@ -57,9 +72,10 @@ static_assert(AlternatingLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared m
 constexpr int kPublishedA = 0, kPublishedB = 1, kConsumedA = 2, kConsumedB = 3;
 constexpr int kSumsOf0 = 4, kSumsOf1 = 5;  // a warpgroup's row sums are in shared memory (once)
 
-template <bool kHalf>
+template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 __global__ void __launch_bounds__(kWideThreads, 1)
     dense_decode_alternating_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
+  static_assert(kHalf || !kFp8Cache, "FP8 caches compute in fp16");
   using Layout = AlternatingLayout;
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
@@ -73,6 +89,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   };
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
   uint64_t* empty = full + 2;
+  uint64_t* landed = full + 4;  // FP8 cache: the raw tile is in the stage (TMA bytes)
   uint64_t* handoffs = reinterpret_cast<uint64_t*>(shared + Layout::kHandoffs);
   // Whole warps signal (see ConsumerBarrier in narrow_kernel.cuh: no lane of a warp waits
   // while another lane of it has yet to arrive).
@@ -83,35 +100,51 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   auto await = [&](int handoff, int phase) { mbarrier_wait(&handoffs[handoff], phase % 2); };
   uint8_t* stages = shared + Layout::kKeys;
 
-  wait_for_previous_grid();  // PDL (see wide_kernel.cuh)
+  // PDL: inputs may come from the previous kernel in the stream; and the combine kernel may be
+  // scheduled now (it waits for this whole grid before reading).
+  wait_for_previous_grid();
   allow_next_grid();
 
   const CtaWork work = cta_work(args, reinterpret_cast<int*>(stages));
   const int tile_index = blockIdx.x, batch_index = work.batch_index, split = work.split;
   const int first_row = tile_index * kRowsPerTile;
   const int rows_here = min(kRowsPerTile, args.rows - first_row);
-  start_early_loads<(2)>(&cache_map, args, batch_index, first_row, rows_here);
+  start_early_loads<(kFp8Q ? 1 : 2)>(&cache_map, args, batch_index, first_row, rows_here);
   const KeyRange range = split_key_range(args, batch_index, split, first_row, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, first_row, rows_here)) return;
 
-  init_stage_barriers(full, empty, kConsumerThreads);
   if (threadIdx.x == 0) {
     for (int handoff = 0; handoff < 6; ++handoff) mbarrier_init(&handoffs[handoff], 128);
-    fence_barrier_init();
+    for (int stage = 0; stage < 2 && kFp8Cache; ++stage) mbarrier_init(&full[stage], kWidenerThreads);
   }
+  // An FP8 tile lands on `landed`; the widener threads fill the stage and arrive on `full`.
+  init_stage_barriers(kFp8Cache ? landed : full, empty, kConsumerThreads);
   __syncthreads();
-  if (threadIdx.x >= kConsumerThreads) {
-    set_register_count<kProducerRegisters, false>();
-    if (threadIdx.x == kConsumerThreads) {
+  if (threadIdx.x >= kConsumerThreads) {  // the producer warpgroup
+    set_register_count<(kFp8Cache ? kWidenerRegisters : kProducerRegisters), false>();
+    const int producer_thread = threadIdx.x - kConsumerThreads;
+    if constexpr (kFp8Cache) {
+      if (producer_thread == 0) {
+        produce_key_tiles<true, 2, 1, kSwizzleBlockBytes, kTileBlockBytes>(
+            &cache_map, args, table_row, range, stages + kRawInBlockOffset, landed, empty);
+      } else if (producer_thread >= 32) {
+        for (int tile = 0; tile < range.tiles; ++tile) {
+          mbarrier_wait(&landed[tile % 2], (tile / 2) % 2);
+          widen_key_tile_in_place<kHalf>(stages + (tile % 2) * kTileBlockBytes, producer_thread - 32, 4);
+          fence_shared_for_async_proxy();  // the consumers' wgmma reads the tile
+          mbarrier_arrive(&full[tile % 2]);
+        }
+      }
+    } else if (producer_thread == 0) {
       produce_key_tiles<false>(&cache_map, args, table_row, range, stages, full, empty);
     }
     return;
   }
-  set_register_count<kConsumerRegisters, true>();
+  set_register_count<(kFp8Cache ? kWidenerConsumerRegisters : kConsumerRegisters), true>();
 
   const float logit_scale =
-      args.logit_scale_log2 * load_query_tile<kHalf, QueryLoad::kCopy, kRowsPerTile, kConsumerThreads>(
+      args.logit_scale_log2 * load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kRowsPerTile, kConsumerThreads>(
                                   args, batch_index, first_row, rows_here, query, 1);
   const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int thread_in_warpgroup = threadIdx.x % 128;

@@ -1,6 +1,6 @@
 // Dense MLA decode on Hopper: the launcher. Picks the kernel (narrow_kernel.cuh for <= 32
-// query rows, in tiles of 16 or 32; else 64-row tiles: alternating_kernel.cuh with a 16-bit
-// cache, wide_kernel.cuh with an FP8 cache) and the instantiation for the dtypes, describes
+// query rows, in tiles of 16 or 32; else alternating_kernel.cuh, 64-row tiles) and the
+// instantiation for the dtypes, describes
 // the cache to the TMA, plans the split-KV grid from shapes alone (plan/decode_plan.h), and
 // launches the attention kernel and, when the plan has several splits, the combine kernel
 // (combine_kernel.cuh: one for balanced plans, one for uniform ones). Nothing here reads
@@ -20,7 +20,6 @@
 #include "kernels/sm90/dense_decode/alternating_kernel.cuh"
 #include "kernels/sm90/dense_decode/combine_kernel.cuh"
 #include "kernels/sm90/dense_decode/narrow_kernel.cuh"
-#include "kernels/sm90/dense_decode/wide_kernel.cuh"
 #include "plan/decode_plan.h"
 
 namespace openmla::kernels::sm90 {
@@ -43,7 +42,8 @@ void require_alignment(const char* argument, const TensorView& view, int bytes) 
 
 // The cache as a 3-D tensor (dim, token, page) for the TMA; boxes of 64 dims x min(page, 64)
 // tokens, 128-byte swizzled for 16-bit caches (the wgmma layout); FP8 caches 64-byte swizzled
-// for the narrow kernel (its fragment loads, fp8_fragments.cuh), plain for the wide kernel.
+// for the narrow kernel (its fragment loads, fp8_fragments.cuh), plain for the alternating
+// kernel (widened in place).
 CUtensorMap make_cache_map(const TensorView& cache, bool narrow) {
   const bool fp8 = cache.dtype == DType::kFloat8E4M3;
   const CUtensorMapSwizzle swizzle =
@@ -102,10 +102,8 @@ void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid
     } else {
       launch_narrow(std::integral_constant<int, 32>{});
     }
-  } else if constexpr (kFp8Cache) {  // 64-row tiles; the warpgroups split each tile's S
-    launch(dense_decode_wide_kernel<kFp8Q>, kWideThreads, WideLayout::kLaunchBytes);
   } else {  // 64-row tiles; the warpgroups take turns on the tiles
-    launch(dense_decode_alternating_kernel<kHalf>, kWideThreads, AlternatingLayout::kLaunchBytes);
+    launch(dense_decode_alternating_kernel<kHalf, kFp8Q, kFp8Cache>, kWideThreads, AlternatingLayout::kLaunchBytes);
   }
 }
 

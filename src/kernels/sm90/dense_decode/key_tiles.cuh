@@ -1,13 +1,13 @@
 // Dense MLA decode: the key tiles the attention kernels (alternating_kernel.cuh,
-// wide_kernel.cuh, narrow_kernel.cuh) stream, and the small pieces of tensor-core plumbing
-// they share.
+// narrow_kernel.cuh) stream, and the small pieces of tensor-core plumbing they share.
 //
 // A key tile is 64 tokens x 576 dims. 16-bit tiles live in shared memory as 9 blocks of 64
 // dims, each [64 lines][128 bytes] with the 128-byte swizzle (wgmma.cuh): K-major for S (line =
 // key) and, read N/M-major, V for the output. The producer (one thread) walks the block table
 // and issues one TMA box per 64 dims x min(page, 64) tokens; FP8 caches land as 9 blocks of
-// [64 lines][64 bytes], plain for the wide kernel, which widens them exactly to a 16-bit tile,
-// and 64-byte swizzled for the narrow kernel, which widens in registers (fp8_fragments.cuh). Slots past the
+// [64 lines][64 bytes]: plain for the alternating kernel, each in the upper half of its 16-bit
+// block, which three producer warps widen in place (widen_key_tile_in_place); 64-byte swizzled
+// for the narrow kernel, which widens in registers (fp8_fragments.cuh). Slots past the
 // sequence end are zeroed in shared memory before use (unused cache slots may hold NaN, pages
 // past the end are never read), so masked keys multiply finite zeros.
 #pragma once
@@ -26,7 +26,7 @@ constexpr int kTileBlockBytes = kDimBlocks * kSwizzleBlockBytes;  // 72 KB: 64 l
 constexpr int kRawFp8StageBytes = kTileKeys * kHeadDim;           // 36 KB
 
 // Byte offset of 16-bit element (line, dim) of a tile of kLines lines stored as 9 swizzled
-// blocks of 64 dims (key tiles and the wide kernel's Q: 64 lines; the narrow kernel's Q: 16 or 32).
+// blocks of 64 dims (key tiles and the alternating kernel's Q: 64 lines; the narrow kernel's Q: 16 or 32).
 template <int kLines = kTileKeys>
 __device__ __forceinline__ int tile_offset(int line, int dim) {
   return (dim / 64) * (kLines * 128) + swizzled_offset(line, dim % 64);
@@ -41,23 +41,48 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid,
   }
 }
 
-// Key lines [begin, begin + kLines) of an FP8 raw stage -> the 16-bit swizzled math tile,
-// exactly; lines >= valid become zeros. By 128 threads: thread t converts 8 dims (chunk t % 8)
-// of lines begin + t / 8 + 16 j in every block, so all offsets but a per-thread base are
-// constants and the swizzle (a function of line % 8) is fixed per thread.
-template <bool kHalf, int kLines>
-__device__ __forceinline__ void widen_key_lines(const uint8_t* raw, uint8_t* tile, int begin, int valid, int thread) {
-  const int chunk = thread % 8, first_line = begin + thread / 8;
-  const uint8_t* source = raw + first_line * 64 + chunk * 8;
-  uint8_t* destination = tile + first_line * 128 + ((chunk ^ (first_line % 8)) * 16);
+// An FP8 key tile widened in place into the 16-bit swizzled tile, by kWidenerThreads threads
+// (the alternating kernel's producer warpgroup less the TMA thread's warp). The TMA lands raw
+// block b (64 lines x 64 bytes, plain) in the upper half of 16-bit block b, so widening block b
+// overwrites only its own raw bytes: before any thread writes block b, every thread holds its
+// bytes of it in registers (named barrier `barrier`). The loads of block b + 1 are issued
+// right after that barrier, so their latency hides behind block b's conversion and stores.
+// Lines are widened whether or not they hold keys (the consumers zero the lines past the
+// sequence end).
+constexpr int kWidenerThreads = 96;
+constexpr int kRawInBlockOffset = kSwizzleBlockBytes / 2;  // 4 KB: the raw block in its 16-bit block
+template <bool kHalf>
+__device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int thread, int barrier) {
+  constexpr int kUnits = kTileKeys * 8;  // 8 bytes (one 16-byte chunk once widened) per unit
+  constexpr int kLineStep = kWidenerThreads / 8, kUnitsPerThread = (kUnits + kWidenerThreads - 1) / kWidenerThreads;
+  static_assert(kWidenerThreads % 32 == 0 && kUnits % 32 == 0 && kLineStep % 8 == 4,
+                "whole warps; unit j's swizzle is the first line's, chunk bit 2 flipped for odd j");
+  const int chunk = thread % 8, first_line = thread / 8;
+  const int source = kRawInBlockOffset + first_line * 64 + chunk * 8;
+  const int destination_even = first_line * 128 + (chunk ^ (first_line % 8)) * 16;
+  const int destination_odd = destination_even ^ 64;  // line % 8 differs by 4 for odd j
+  // Every unit but the last exists for every thread.
+  const bool has_last_unit = thread < kUnits - (kUnitsPerThread - 1) * kWidenerThreads;
+  auto load = [&](int block, uint2 (&bytes)[kUnitsPerThread]) {
 #pragma unroll
-  for (int j = 0; j < kLines / 16; ++j) {
-    const bool inside = first_line + 16 * j < valid;
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      if (j + 1 < kUnitsPerThread || has_last_unit) {
+        bytes[j] = *reinterpret_cast<const uint2*>(tile + block * kSwizzleBlockBytes + source + j * kLineStep * 64);
+      }
+    }
+  };
+  uint2 bytes[2][kUnitsPerThread];  // blocks b and b + 1
+  load(0, bytes[0]);
 #pragma unroll
-    for (int block = 0; block < kDimBlocks; ++block) {
-      const uint2 bytes = *reinterpret_cast<const uint2*>(source + block * (kTileKeys * 64) + j * 16 * 64);
-      *reinterpret_cast<uint4*>(destination + block * kSwizzleBlockBytes + j * 16 * 128) =
-          inside ? widen_fp8x8<kHalf>(bytes) : make_uint4(0, 0, 0, 0);
+  for (int block = 0; block < kDimBlocks; ++block) {
+    sync_named(barrier, kWidenerThreads);  // every thread holds its bytes of raw block `block`
+    if (block + 1 < kDimBlocks) load(block + 1, bytes[(block + 1) % 2]);
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      if (j + 1 < kUnitsPerThread || has_last_unit) {
+        *reinterpret_cast<uint4*>(tile + block * kSwizzleBlockBytes + (j % 2 ? destination_odd : destination_even) +
+                                  j * kLineStep * 128) = widen_fp8x8<kHalf>(bytes[block % 2][j]);
+      }
     }
   }
 }
@@ -186,11 +211,14 @@ __device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, 
 // parity of a phase another group's tile has not completed yet for its own (try_wait.parity
 // tells only the two latest phases apart).
 // The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
-template <bool kFp8Cache, int kStages = 2, int kGroups = 1>
+// Block b of stage s lands at stages + s * kStageStride + b * kBlockStride (by default packed;
+// the alternating kernel's FP8 tiles land in the upper half of each 16-bit block, see
+// widen_key_tile_in_place).
+template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kBlockStride = kTileKeys * (kFp8Cache ? 64 : 128),
+          int kStageStride = kDimBlocks * kBlockStride>
 __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
                                                   uint8_t* stages, uint64_t* full, uint64_t* empty) {
-  constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;
   constexpr int kLineBytes = kFp8Cache ? 64 : 128;  // one box line: 64 dims
   constexpr int kMaxBoxes = kTileKeys / 16;         // pages per tile at the smallest page size
   const int box_tokens = min(1 << args.page_shift, kTileKeys);
@@ -215,14 +243,14 @@ __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, 
     const int boxes = boxes_of(tile);
     uint64_t* landed = &full[stage * kGroups + tile % kGroups];
     mbarrier_arrive_expect_bytes(landed, uint32_t(boxes * kDimBlocks * box_tokens * kLineBytes));
-    uint8_t* destination = stages + stage * kStageBytes;
+    uint8_t* destination = stages + stage * kStageStride;
 #pragma unroll
     for (int box = 0; box < kMaxBoxes; ++box) {
       if (box >= boxes) break;
       const int token = (first_key + box * box_tokens) & ((1 << args.page_shift) - 1);
 #pragma unroll
       for (int block = 0; block < kDimBlocks; ++block) {
-        tma_load_box(destination + block * (kTileKeys * kLineBytes) + box * box_tokens * kLineBytes, cache_map,
+        tma_load_box(destination + block * kBlockStride + box * box_tokens * kLineBytes, cache_map,
                      block * 64, token, pages[box], landed);
       }
     }
@@ -281,13 +309,18 @@ __device__ __forceinline__ void init_stage_barriers(uint64_t* full, uint64_t* em
 // Shared memory a CTA may use on sm_90 (227 KB).
 constexpr int kMaxSharedBytes = 232448;
 
-// The 64-row kernels (alternating_kernel.cuh, wide_kernel.cuh): two consumer warpgroups and a
+// The 64-row kernel (alternating_kernel.cuh): two consumer warpgroups and a
 // producer warpgroup.
 constexpr int kConsumerThreads = 256;                 // two warpgroups
 constexpr int kWideThreads = kConsumerThreads + 128;  // + the producer warpgroup
-// Registers per thread after the role split (setmaxnreg): 2 x 128 x 240 + 128 x 24 <= 64 K.
+// Registers per thread after the role split (setmaxnreg): 2 x 128 x 240 + 128 x 24 = 63 K.
 // The consumers hold 128 fp32 output accumulators each; the producer needs a handful.
 constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
+// With an FP8 cache the producer warpgroup also widens, holding two 64-dim blocks of raw bytes
+// (with 40 registers that loop spilled). The pool setmaxnreg redistributes is what the
+// launch gave the CTA (168 x 384 = 63 K, the compiled count): 2 x 128 x 224 + 128 x 56 fills it
+// (232 + 56 would deadlock: setmaxnreg.inc waits for registers that never come).
+constexpr int kWidenerConsumerRegisters = 224, kWidenerRegisters = 56;
 
 // The m64k16 A fragment of Q for k step `step` (dims 16 step ..), as wgmma takes A from
 // registers: warp w of the warpgroup holds rows 16 w + lane / 4 (+ 8), dims 2 (lane % 4) (+ 8).

@@ -2,12 +2,12 @@
 // per GPU at tensor parallelism 8, Sq 2 x 16 heads with one speculative token, 32 heads), on
 // Hopper warpgroup MMA, transposed.
 //
-// What: as wide_kernel.cuh (softmax attention of the rows over one split's keys, V = the first
+// What: as alternating_kernel.cuh (softmax attention of the rows over one split's keys, V = the first
 // 512 dims of the cache rows), but computed as S^T = K Q^T and O^T = V^T P^T, so that the query
-// rows are wgmma's N (kRows = 16 or 32) instead of M (64): the wide kernel would spend 3/4 of
+// rows are wgmma's N (kRows = 16 or 32) instead of M (64): a 64-row kernel would spend 3/4 of
 // its tensor work on padding rows here, which made 16-head decode compute-bound.
 // Roles: consumer warpgroups (the math) + a producer (one thread issues the TMA, as in the
-// wide kernel: key_tiles.cuh). A 16-bit cache has one consumer warpgroup; an FP8 cache has
+// alternating kernel: key_tiles.cuh). A 16-bit cache has one consumer warpgroup; an FP8 cache has
 // three (16 rows) or two (32 rows) that take the tiles in turn, each with its own online
 // softmax and O^T, merged at the end: one warpgroup's chain of dependent steps per tile
 // (fragment loads, wgmma, softmax) is longer than an FP8 tile takes to stream in (1 / 2 / 3
@@ -31,7 +31,7 @@
 // (three when the tile is partial). With an FP8 cache the fragments of batch i + 1 (4 wgmma) are
 // loaded and widened while batch i runs, and a stage is released as soon as its last bytes
 // are in registers.
-// Softmax, epilogue: as the wide kernel (base-2 online softmax with -inf guards; one split
+// Softmax, epilogue: as the alternating kernel (base-2 online softmax with -inf guards; one split
 // writes bf16 output and LSE, several write fp32 partials for the combine step). The output
 // is staged through shared memory so that the stores are row-contiguous.
 // Limits: Sq * Hq <= 32 (tiles of 16 or 32 rows).
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   uint64_t* empty = full + Layout::kStages * Layout::kGroups;
   uint8_t* stages = shared + Layout::kKeys;
 
-  wait_for_previous_grid();  // PDL (see wide_kernel.cuh)
+  wait_for_previous_grid();  // PDL (see alternating_kernel.cuh)
   allow_next_grid();
 
   const CtaWork work = cta_work(args, reinterpret_cast<int*>(stages));

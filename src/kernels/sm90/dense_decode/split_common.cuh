@@ -213,21 +213,16 @@ __device__ __forceinline__ CtaWork ranked_cta_work(const int32_t* seq_lens, int6
   __syncthreads();  // (scratch is next written by the pipeline, after a later CTA barrier)
   return {chosen, position % splits};
 }
-// Not inlined by default, so that the prologue of the uniform plans stays as it was. The wide
-// kernel inlines it: with the call (and a shared atomic per thread instead of per warp) its
-// FP8 D2 Hq64 measured 3-5% slower on the H100, inlined within noise (perf log, session 7).
+// Not inlined, so that the prologue of the uniform plans stays as it was. (The FP8 wide kernel,
+// since replaced by the alternating kernel, measured 3-5% slower on FP8 D2 Hq64 with the call
+// and a shared atomic per thread: perf log, session 7.)
 static __device__ __noinline__ CtaWork balanced_cta_work(const int32_t* seq_lens, int64_t seq_lens_stride, int batch,
                                                          int* scratch) {
   return ranked_cta_work(seq_lens, seq_lens_stride, batch, scratch);
 }
-template <bool kInlined = false>
 __device__ __forceinline__ CtaWork cta_work(const SplitArgs& args, int* scratch) {
   if (!args.balanced || args.batch > kMaxRankedBatch) return {int(blockIdx.y), int(blockIdx.z)};
-  if constexpr (kInlined) {
-    return ranked_cta_work(args.seq_lens, args.seq_lens_stride, args.batch, scratch);
-  } else {
-    return balanced_cta_work(args.seq_lens, args.seq_lens_stride, args.batch, scratch);
-  }
+  return balanced_cta_work(args.seq_lens, args.seq_lens_stride, args.batch, scratch);
 }
 
 // Where a CTA's results go: the output itself (its request uses one split) or the partial rows
