@@ -125,17 +125,8 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     set_register_count<(kFp8Cache ? kWidenerRegisters : kProducerRegisters), false>();
     const int producer_thread = threadIdx.x - kConsumerThreads;
     if constexpr (kFp8Cache) {
-      if (producer_thread == 0) {
-        produce_key_tiles<true, 2, 1, kSwizzleBlockBytes, kTileBlockBytes>(
-            &cache_map, args, table_row, range, stages + kRawInBlockOffset, landed, empty);
-      } else if (producer_thread >= 32) {
-        for (int tile = 0; tile < range.tiles; ++tile) {
-          mbarrier_wait(&landed[tile % 2], (tile / 2) % 2);
-          widen_key_tile_in_place<kHalf>(stages + (tile % 2) * kTileBlockBytes, producer_thread - 32, 4);
-          fence_shared_for_async_proxy();  // the consumers' wgmma reads the tile
-          mbarrier_arrive(&full[tile % 2]);
-        }
-      }
+      load_and_widen_key_tiles<kHalf>(&cache_map, args, table_row, range, stages, landed, full, empty,
+                                      producer_thread, 4);
     } else if (producer_thread == 0) {
       produce_key_tiles<false>(&cache_map, args, table_row, range, stages, full, empty);
     }

@@ -41,37 +41,32 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid,
   }
 }
 
-// An FP8 key tile widened in place into the 16-bit swizzled tile, by kWidenerThreads threads
-// (the alternating kernel's producer warpgroup less the TMA thread's warp). The TMA lands raw
-// block b (64 lines x 64 bytes, plain) in the upper half of 16-bit block b, so widening block b
-// overwrites only its own raw bytes: before any thread writes block b, every thread holds its
-// bytes of it in registers (named barrier `barrier`). The loads of block b + 1 are issued
-// right after that barrier, so their latency hides behind block b's conversion and stores.
-// Lines are widened whether or not they hold keys (the consumers zero the lines past the
-// sequence end).
-constexpr int kWidenerThreads = 96;
+// An FP8 key tile widened in place into the 16-bit swizzled tile, by the kWidenerThreads
+// threads of the alternating kernel's producer warpgroup. The TMA lands raw block b (64 lines x
+// 64 bytes, plain) in the upper half of 16-bit block b, so widening block b overwrites only its
+// own raw bytes: before any thread writes block b, every thread holds its bytes of it in
+// registers (named barrier `barrier`). The loads of block b + 1 are issued right after that
+// barrier, so their latency hides behind block b's conversion and stores. Lines are widened
+// whether or not they hold keys (the consumers zero the lines past the sequence end).
+constexpr int kWidenerThreads = 128;
 constexpr int kRawInBlockOffset = kSwizzleBlockBytes / 2;  // 4 KB: the raw block in its 16-bit block
 template <bool kHalf>
 __device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int thread, int barrier) {
   constexpr int kUnits = kTileKeys * 8;  // 8 bytes (one 16-byte chunk once widened) per unit
-  constexpr int kLineStep = kWidenerThreads / 8, kUnitsPerThread = (kUnits + kWidenerThreads - 1) / kWidenerThreads;
-  static_assert(kWidenerThreads % 32 == 0 && kUnits % 32 == 0 && kLineStep % 8 == 4,
-                "whole warps; unit j's swizzle is the first line's, chunk bit 2 flipped for odd j");
+  constexpr int kLineStep = kWidenerThreads / 8, kUnitsPerThread = kUnits / kWidenerThreads;
+  static_assert(kUnitsPerThread * kWidenerThreads == kUnits && kLineStep % 8 == 0,
+                "whole units per thread; a thread's lines share their swizzle (line % 8)");
   const int chunk = thread % 8, first_line = thread / 8;
   const int source = kRawInBlockOffset + first_line * 64 + chunk * 8;
-  const int destination_even = first_line * 128 + (chunk ^ (first_line % 8)) * 16;
-  const int destination_odd = destination_even ^ 64;  // line % 8 differs by 4 for odd j
-  // Every unit but the last exists for every thread.
-  const bool has_last_unit = thread < kUnits - (kUnitsPerThread - 1) * kWidenerThreads;
+  const int destination = first_line * 128 + (chunk ^ (first_line % 8)) * 16;
   auto load = [&](int block, uint2 (&bytes)[kUnitsPerThread]) {
 #pragma unroll
     for (int j = 0; j < kUnitsPerThread; ++j) {
-      if (j + 1 < kUnitsPerThread || has_last_unit) {
-        bytes[j] = *reinterpret_cast<const uint2*>(tile + block * kSwizzleBlockBytes + source + j * kLineStep * 64);
-      }
+      bytes[j] = *reinterpret_cast<const uint2*>(tile + block * kSwizzleBlockBytes + source + j * kLineStep * 64);
     }
   };
   uint2 bytes[2][kUnitsPerThread];  // blocks b and b + 1
+  __syncwarp();  // thread 0 may come from issuing loads: bar.sync wants whole warps
   load(0, bytes[0]);
 #pragma unroll
   for (int block = 0; block < kDimBlocks; ++block) {
@@ -79,10 +74,8 @@ __device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int threa
     if (block + 1 < kDimBlocks) load(block + 1, bytes[(block + 1) % 2]);
 #pragma unroll
     for (int j = 0; j < kUnitsPerThread; ++j) {
-      if (j + 1 < kUnitsPerThread || has_last_unit) {
-        *reinterpret_cast<uint4*>(tile + block * kSwizzleBlockBytes + (j % 2 ? destination_odd : destination_even) +
-                                  j * kLineStep * 128) = widen_fp8x8<kHalf>(bytes[block % 2][j]);
-      }
+      *reinterpret_cast<uint4*>(tile + block * kSwizzleBlockBytes + destination + j * kLineStep * 128) =
+          widen_fp8x8<kHalf>(bytes[block % 2][j]);
     }
   }
 }
@@ -200,48 +193,43 @@ __device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, 
   }
 }
 
-// The producer: one thread walks the split's tiles, waits until the consumers have released
-// the stage (kStages stages, used in turn), reads the block-table entries of the tile's pages
-// (only pages that hold keys of the sequence: entries past its end may be garbage) and issues
-// one TMA box per 64 dims per page; full[stage * kGroups + tile % kGroups] counts the bytes in.
-// With kGroups consumer groups taking the tiles in turn (tile t: group t % kGroups), each
-// (stage, group) pair has its own full barrier, so that every barrier is waited on by one
-// group only (and the producer itself, for tile 0's phase), which has seen all its earlier
-// phases: with one barrier per stage and kStages % kGroups != 0, a group could take the
-// parity of a phase another group's tile has not completed yet for its own (try_wait.parity
-// tells only the two latest phases apart).
-// The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
-// Block b of stage s lands at stages + s * kStageStride + b * kBlockStride (by default packed;
-// the alternating kernel's FP8 tiles land in the upper half of each 16-bit block, see
-// widen_key_tile_in_place).
-template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kBlockStride = kTileKeys * (kFp8Cache ? 64 : 128),
-          int kStageStride = kDimBlocks * kBlockStride>
-__device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
-                                                  const int32_t* table_row, const KeyRange& range,
-                                                  uint8_t* stages, uint64_t* full, uint64_t* empty) {
-  constexpr int kLineBytes = kFp8Cache ? 64 : 128;  // one box line: 64 dims
-  constexpr int kMaxBoxes = kTileKeys / 16;         // pages per tile at the smallest page size
-  const int box_tokens = min(1 << args.page_shift, kTileKeys);
-  auto boxes_of = [&](int tile) {
-    return (min(kTileKeys, range.length - (range.begin + tile * kTileKeys)) + box_tokens - 1) / box_tokens;
-  };
-  // The next tile's block-table entries are read before waiting for its stage, so that the
-  // table's memory latency is not added to every refill.
+// Issues a split's key tiles by TMA (one thread): reads the block-table entries of a tile's
+// pages (only pages that hold keys of the sequence: entries past its end may be garbage) and
+// issues one box per 64 dims per page, counted on a full barrier. Block b of stage s lands at
+// stages + s * kStageStride + b * kBlockStride (by default packed; the alternating kernel's FP8
+// tiles land in the upper half of each 16-bit block, see widen_key_tile_in_place).
+template <bool kFp8Cache, int kBlockStride = kTileKeys * (kFp8Cache ? 64 : 128), int kStageStride = kDimBlocks * kBlockStride>
+struct KeyTileLoader {
+  static constexpr int kLineBytes = kFp8Cache ? 64 : 128;  // one box line: 64 dims
+  static constexpr int kMaxBoxes = kTileKeys / 16;         // pages per tile at the smallest page size
+  const CUtensorMap* cache_map;
+  const SplitArgs& args;
+  const int32_t* table_row;
+  const KeyRange& range;
+  uint8_t* stages;
+  int box_tokens;
   int pages[kMaxBoxes];
-  auto read_pages = [&](int tile) {
+
+  __device__ __forceinline__ KeyTileLoader(const CUtensorMap* cache_map, const SplitArgs& args,
+                                           const int32_t* table_row, const KeyRange& range, uint8_t* stages)
+      : cache_map(cache_map), args(args), table_row(table_row), range(range), stages(stages),
+        box_tokens(min(1 << args.page_shift, kTileKeys)) {}
+
+  __device__ __forceinline__ int boxes_of(int tile) const {
+    return (min(kTileKeys, range.length - (range.begin + tile * kTileKeys)) + box_tokens - 1) / box_tokens;
+  }
+  // Read before waiting for the tile's stage, so that the table's latency is not added to the refill.
+  __device__ __forceinline__ void read_pages(int tile) {
     const int first_key = range.begin + tile * kTileKeys, boxes = boxes_of(tile);
 #pragma unroll
     for (int box = 0; box < kMaxBoxes; ++box) {
       pages[box] = box < boxes ? table_row[(first_key + box * box_tokens) >> args.page_shift] : 0;
     }
-  };
-  read_pages(0);
-  for (int tile = 0; tile < range.tiles; ++tile) {
-    const int stage = tile % kStages;
-    if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) % 2);
+  }
+  // Tile `tile` (its pages read last) into stage `stage`; `landed` counts its bytes.
+  __device__ __forceinline__ void issue(int tile, int stage, uint64_t* landed) const {
     const int first_key = range.begin + tile * kTileKeys;
     const int boxes = boxes_of(tile);
-    uint64_t* landed = &full[stage * kGroups + tile % kGroups];
     mbarrier_arrive_expect_bytes(landed, uint32_t(boxes * kDimBlocks * box_tokens * kLineBytes));
     uint8_t* destination = stages + stage * kStageStride;
 #pragma unroll
@@ -250,16 +238,75 @@ __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, 
       const int token = (first_key + box * box_tokens) & ((1 << args.page_shift) - 1);
 #pragma unroll
       for (int block = 0; block < kDimBlocks; ++block) {
-        tma_load_box(destination + block * kBlockStride + box * box_tokens * kLineBytes, cache_map,
-                     block * 64, token, pages[box], landed);
+        tma_load_box(destination + block * kBlockStride + box * box_tokens * kLineBytes, cache_map, block * 64,
+                     token, pages[box], landed);
       }
     }
-    if (tile + 1 < range.tiles) read_pages(tile + 1);
+  }
+};
+
+// The producer: one thread walks the split's tiles, waits until the consumers have released
+// the stage (kStages stages, used in turn) and issues the tile (KeyTileLoader);
+// full[stage * kGroups + tile % kGroups] counts the bytes in.
+// With kGroups consumer groups taking the tiles in turn (tile t: group t % kGroups), each
+// (stage, group) pair has its own full barrier, so that every barrier is waited on by one
+// group only (and the producer itself, for tile 0's phase), which has seen all its earlier
+// phases: with one barrier per stage and kStages % kGroups != 0, a group could take the
+// parity of a phase another group's tile has not completed yet for its own (try_wait.parity
+// tells only the two latest phases apart).
+// The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
+template <bool kFp8Cache, int kStages = 2, int kGroups = 1>
+__device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
+                                                  const int32_t* table_row, const KeyRange& range,
+                                                  uint8_t* stages, uint64_t* full, uint64_t* empty) {
+  KeyTileLoader<kFp8Cache> loader(cache_map, args, table_row, range, stages);
+  loader.read_pages(0);
+  for (int tile = 0; tile < range.tiles; ++tile) {
+    const int stage = tile % kStages;
+    if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) % 2);
+    loader.issue(tile, stage, &full[stage * kGroups + tile % kGroups]);
+    if (tile + 1 < range.tiles) loader.read_pages(tile + 1);
     // Tile 1 waits until tile 0 has landed: issued together, every CTA's first two tiles
     // share the memory system's queues, so tile 0 lands only at the end of the whole GPU's
     // first burst and the math starts late (D5: the stages then stand full while the next
     // tiles cannot be requested). Later tiles are paced by the empty barriers.
     if (tile == 0 && range.tiles > 1) mbarrier_wait(&full[0], 0);
+  }
+}
+
+// The alternating kernel's producer warpgroup with an FP8 cache (kWidenerThreads threads,
+// `thread` 0..127; thread 0 also issues the loads): two 16-bit stages, each tile landed raw
+// (on `landed`) and widened in place, then `full` (kWidenerThreads arrivals). Refills follow
+// the consumers' pairs: tile a's stage comes back only after tile b's scores, i.e. after b
+// is widened, so once the pair's second tile is widened thread 0 waits for both stages and
+// issues the next pair (its first tile first).
+template <bool kHalf>
+__device__ __forceinline__ void load_and_widen_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
+                                                         const int32_t* table_row, const KeyRange& range,
+                                                         uint8_t* stages, uint64_t* landed, uint64_t* full,
+                                                         uint64_t* empty, int thread, int barrier) {
+  KeyTileLoader<true, kSwizzleBlockBytes, kTileBlockBytes> loader(cache_map, args, table_row, range,
+                                                                  stages + kRawInBlockOffset);
+  if (thread == 0) {
+    loader.read_pages(0);
+    loader.issue(0, 0, &landed[0]);
+    if (range.tiles > 1) loader.read_pages(1);
+  }
+  for (int tile = 0; tile < range.tiles; ++tile) {
+    mbarrier_wait(&landed[tile % 2], (tile / 2) % 2);
+    // Tile 1 only once tile 0 has landed (see produce_key_tiles).
+    if (tile == 0 && thread == 0 && range.tiles > 1) loader.issue(1, 1, &landed[1]);
+    widen_key_tile_in_place<kHalf>(stages + (tile % 2) * kTileBlockBytes, thread, barrier);
+    fence_shared_for_async_proxy();  // the consumers' wgmma reads the tile
+    mbarrier_arrive(&full[tile % 2]);
+    if (thread == 0 && tile % 2 == 1) {
+#pragma unroll 1
+      for (int next = tile + 1; next <= tile + 2 && next < range.tiles; ++next) {
+        loader.read_pages(next);
+        mbarrier_wait(&empty[next % 2], (next / 2 - 1) % 2);
+        loader.issue(next, next % 2, &landed[next % 2]);
+      }
+    }
   }
 }
 
