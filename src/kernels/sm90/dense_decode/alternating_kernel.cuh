@@ -20,7 +20,7 @@
 // and trading maxima and P at two CTA barriers per tile, as an earlier kernel did, reached
 // 0.57-0.65 of the BF16 GEMM rate on the compute-bound cases against this one's 0.72-0.81,
 // and its FP8 form, which widened each tile into a separate math tile between the products,
-// was 5-12% slower on the 64-row FP8 cases: perf log, session 8.)
+// was 3-10% slower on the 64-row FP8 cases: perf log, session 8.)
 // Ordering between the warpgroups (mbarriers: arrive by the signalling warpgroup, wait by the
 // other):
 //   published_a / published_b: maxima, factor and P of tile a / b are in shared memory;
