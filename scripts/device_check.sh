@@ -26,13 +26,14 @@ if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPENMLA_CUDA
 fi
 
 step "C++ tests"
-"$build/tests/openmla_tests" --gtest_brief=1 >"$out/gtest.txt" 2>&1 || status=1
+# Timeouts: a kernel that hangs costs its step, not the whole device call (and the later steps).
+timeout 240 "$build/tests/openmla_tests" --gtest_brief=1 >"$out/gtest.txt" 2>&1 || status=1
 tail -5 "$out/gtest.txt" | tee -a "$log"
 
 if [ "${OPENMLA_SANITIZE:-1}" = "1" ]; then
   step "compute-sanitizer (GPU tests)"
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/openmla_tests" \
+    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/openmla_tests" \
         --gtest_filter="${OPENMLA_SANITIZE_FILTER:-KvCacheGpu*:NumericsGpu*:*Small/*:DenseDecodeGpuEdges*:DenseDecodeGpuGraph*}" --gtest_brief=1 \
         >"$out/sanitizer-$tool.txt" 2>&1 || status=1
     tail -3 "$out/sanitizer-$tool.txt" | tee -a "$log"
@@ -43,7 +44,7 @@ step "Python tests"
 rm -rf /tmp/openmla-site
 if python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/openmla-site \
        -Cbuild-dir="$build/python" . >>"$log" 2>&1; then
-  PYTHONPATH=/tmp/openmla-site python3 -m pytest tests/python -q -rs >"$out/pytest.txt" 2>&1 || status=1
+  PYTHONPATH=/tmp/openmla-site timeout 300 python3 -m pytest tests/python -q -rs >"$out/pytest.txt" 2>&1 || status=1
   tail -5 "$out/pytest.txt" | tee -a "$log"
 else
   echo "python package build failed" | tee -a "$log"; status=1
