@@ -459,7 +459,7 @@ const DecodeCase kSmallCases[] = {
     {2, 2, 16, 140, 64, true, true},                // 16-bit narrow kernel, 32 rows (Sq 2 x 16 heads)
     with({1, 4, 128, 20, 16, false, false}, [](DecodeCase& c) { c.strided_q = true; }),
     with({6, 2, 126, 20, 32, true, true}, [](DecodeCase& c) { c.cache_with_head_dim = true; }),
-    // Balanced plans (132 CTAs) with requests in two splits: alternating and wide kernels.
+    // Balanced plans (132 CTAs) with requests in two splits: the alternating kernel, bf16 and FP8.
     {66, 2, 64, 140, 32, true, true},
     {66, 1, 128, 140, 64, true, false, kBf16, kFp8},
 };
@@ -503,15 +503,16 @@ const DecodeCase kCoveringCases[] = {
     with({2, 1, 16, 140, 64, true, false, kBf16, kFp8}, [](DecodeCase& c) { c.query_magnitude = 1e5; }),
     with({2, 2, 64, 140, 64, false, true, kBf16, kFp8}, [](DecodeCase& c) { c.query_magnitude = 1e5; }),
     with({2, 1, 9, 140, 32, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.query_magnitude = 1e-6; }),
-    // <= 16 rows with an FP8 cache (fragments widened in registers, four raw stages): splits of
-    // 8 tiles wrap the stages twice.
+    // <= 16 rows with an FP8 cache (fragments widened in registers, five raw stages): splits of
+    // 8 tiles wrap the stages at least once.
     {16, 1, 16, 4096, 16, true, false, kBf16, kFp8},
     {3, 1, 5, 4096, 256, false, true, kBf16, kFp8},
     // 17..32 rows with an FP8 cache: the same kernel with 32 rows (Sq 2 x 16 heads, 32 heads).
     {16, 2, 16, 4096, 64, true, true, kBf16, kFp8},
     {2, 3, 7, 140, 128, true, true, kBf16, kFp8},
     with({3, 1, 32, 4096, 32, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.query_magnitude = 1e5; }),
-    // > 32 rows with an FP8 cache (64-row tiles): splits of 4 tiles wrap the two raw stages.
+    // > 32 rows with an FP8 cache (64-row tiles, widened in place): splits of 4 tiles wrap the
+    // two stages.
     {8, 4, 16, 4096, 64, true, true, kBf16, kFp8},
     {4, 2, 64, 4096, 32, false, true, kFp8, kFp8},
     // fp8 q (q_descale 0.02), fp8 cache
@@ -524,7 +525,7 @@ const DecodeCase kCoveringCases[] = {
          [](DecodeCase& c) { c.lse_base = LseBase::kBase2; }),
     // Balanced plans (the requests fill the GPU; ragged lengths: the long requests take two
     // splits, merged by the per-row combine kernel), for each kernel: narrow 16 and 32 rows,
-    // alternating, wide (FP8 cache), and fp8 q.
+    // alternating (bf16 and FP8 cache), and fp8 q.
     {130, 1, 3, 700, 16, true, false},
     {130, 2, 16, 700, 32, true, true, kBf16, kFp8},
     {66, 2, 64, 1000, 32, true, true},
@@ -558,7 +559,7 @@ TEST(DenseDecodeGpuEdges, AllRequestsEmpty) {
 // split over many CTAs and merged (the combine must not drop the NaN and report an empty row);
 // the other heads stay finite.
 // One query row of NaN (or inf: its logits are inf - inf = NaN) poisons that row only, in each
-// kernel: narrow (16 heads), alternating (64 heads, bf16 cache) and wide (FP8 cache, where a
+// kernel: narrow (16 heads), alternating (64 heads, bf16 cache, and FP8 cache, where a
 // bf16 q is scaled into fp16's range from the tile's largest value: an inf row must not switch
 // that off for the 1e5-sized rows beside it).
 TEST(DenseDecodeGpuEdges, NanQueryRowStaysNanAcrossSplits) {

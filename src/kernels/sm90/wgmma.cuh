@@ -135,14 +135,14 @@ OPENMLA_DEFINE_WGMMA_RS(wgmma_64x16x16_a_registers, "m64n16k16", 8, "{%8, %9, %1
 // D (64 x 16) += A (M-major: [k][m], tnspA) * B (K-major): O^T = V^T P^T, V stored [key][dim].
 OPENMLA_DEFINE_WGMMA_SS(wgmma_64x16x16_a_m_major, "m64n16k16", 8, "%8", "%9", "%10", "1, 0")
 
-// D (64 x 32) += A (K-major) * B (K-major, [n][k]): S for 32 keys; S^T for 32 query rows.
+// D (64 x 32) += A (K-major) * B (K-major, [n][k]): S^T for 32 query rows.
 OPENMLA_DEFINE_WGMMA_SS(wgmma_64x32x16, "m64n32k16", 16, "%16", "%17", "%18", "0, 0")
 
 // D (64 x 32) += A (M-major, tnspA) * B (K-major): O^T = V^T P^T for 32 query rows.
 OPENMLA_DEFINE_WGMMA_SS(wgmma_64x32x16_a_m_major, "m64n32k16", 16, "%16", "%17", "%18", "1, 0")
 
-// D (64 x 32) += A (registers: the m64k16 fragment, see query_fragment in dense_decode/key_tiles.cuh) *
-// B (K-major, [n][k]).
+// D (64 x 32) += A (registers: the m64k16 fragment, as for the 64 x 16 form above) * B (K-major,
+// [n][k]).
 OPENMLA_DEFINE_WGMMA_RS(wgmma_64x32x16_a_registers, "m64n32k16", 16, "{%16, %17, %18, %19}", "%20", "%21", "0")
 
 // D (64 x 64) += A (K-major) * B (K-major, [n][k]).

@@ -7,7 +7,8 @@
 // into M (row m = s * Hq + h), so a 64-row wgmma tile is filled by Hq = 64, Hq = 16 x Sq = 4...
 // Roles: 384 threads = two consumer warpgroups (the math) + one producer warpgroup (setmaxnreg
 // moves its registers to the consumers): one thread issues the TMA loads; with an FP8 cache,
-// three warps widen each landed tile in place to fp16 (key_tiles.cuh widen_key_tile_in_place).
+// the whole warpgroup widens each landed tile in place to fp16 and that thread issues the
+// loads between tiles (key_tiles.cuh load_and_widen_key_tiles).
 // Tiling: key tiles of 64 tokens taken in pairs (a, b). Warpgroup 0 owns tile a, warpgroup 1
 // tile b: the owner computes S = Q K^T for its tile (64 x 64, wgmma m64n64k16; Q from shared
 // memory for dims 0..511, from registers for the 64 rope dims), its softmax, and publishes the
@@ -71,9 +72,13 @@ static_assert(AlternatingLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared m
 // the phase number (the pair whose signal it needs).
 constexpr int kPublishedA = 0, kPublishedB = 1, kConsumedA = 2, kConsumedB = 3;
 constexpr int kSumsOf0 = 4, kSumsOf1 = 5;  // a warpgroup's row sums are in shared memory (once)
+// Named barriers (bar.sync ids; 0 is __syncthreads'): 1 both consumer warpgroups
+// (sync_consumers, the Q load), 2 + w consumer warpgroup w alone, kWidenerBarrier the producer
+// warpgroup widening an FP8 tile.
+constexpr int kWidenerBarrier = 4;
 
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
-__global__ void __launch_bounds__(kWideThreads, 1)
+__global__ void __launch_bounds__(kAlternatingThreads, 1)
     dense_decode_alternating_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
   static_assert(kHalf || !kFp8Cache, "FP8 caches compute in fp16");
   using Layout = AlternatingLayout;
@@ -116,7 +121,9 @@ __global__ void __launch_bounds__(kWideThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int handoff = 0; handoff < 6; ++handoff) mbarrier_init(&handoffs[handoff], 128);
-    for (int stage = 0; stage < 2 && kFp8Cache; ++stage) mbarrier_init(&full[stage], kWidenerThreads);
+    if constexpr (kFp8Cache) {
+      for (int stage = 0; stage < 2; ++stage) mbarrier_init(&full[stage], kWidenerThreads);
+    }
   }
   // An FP8 tile lands on `landed`; the widener threads fill the stage and arrive on `full`.
   init_stage_barriers(kFp8Cache ? landed : full, empty, kConsumerThreads);
@@ -126,7 +133,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     const int producer_thread = threadIdx.x - kConsumerThreads;
     if constexpr (kFp8Cache) {
       load_and_widen_key_tiles<kHalf>(&cache_map, args, table_row, range, stages, landed, full, empty,
-                                      producer_thread, 4);
+                                      producer_thread, kWidenerBarrier);
     } else if (producer_thread == 0) {
       produce_key_tiles<false>(&cache_map, args, table_row, range, stages, full, empty);
     }
@@ -339,8 +346,8 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   }
   signal(warpgroup == 0 ? kSumsOf0 : kSumsOf1);
   await(warpgroup == 0 ? kSumsOf1 : kSumsOf0, 0);
-  store_wide_output(args, split, batch_index, first_row, rows_here, warpgroup, lane, row0, running_max, running_sum,
-                    sums + (1 - warpgroup) * kRowsPerTile, output);
+  store_alternating_output(args, split, batch_index, first_row, rows_here, warpgroup, lane, row0, running_max,
+                           running_sum, sums + (1 - warpgroup) * kRowsPerTile, output);
 }
 
 }  // namespace openmla::kernels::sm90

@@ -1,11 +1,10 @@
 // Dense MLA decode on Hopper: the launcher. Picks the kernel (narrow_kernel.cuh for <= 32
 // query rows, in tiles of 16 or 32; else alternating_kernel.cuh, 64-row tiles) and the
-// instantiation for the dtypes, describes
-// the cache to the TMA, plans the split-KV grid from shapes alone (plan/decode_plan.h), and
-// launches the attention kernel and, when the plan has several splits, the combine kernel
-// (combine_kernel.cuh: one for balanced plans, one for uniform ones). Nothing here reads
-// device memory or synchronises, so a call captures into a CUDA graph and replays with new
-// seq_lens and block tables.
+// instantiation for the dtypes, describes the cache to the TMA, plans the split-KV grid from
+// shapes alone (plan/decode_plan.h), and launches the attention kernel and, when the plan has
+// several splits, the combine kernel (combine_kernel.cuh: one for balanced plans, one for
+// uniform ones). Nothing here reads device memory or synchronises, so a call captures into a
+// CUDA graph and replays with new seq_lens and block tables.
 #include "kernels/sm90/dense_decode/dense_decode.h"
 
 #include <cuda.h>
@@ -103,7 +102,8 @@ void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid
       launch_narrow(std::integral_constant<int, 32>{});
     }
   } else {  // 64-row tiles; the warpgroups take turns on the tiles
-    launch(dense_decode_alternating_kernel<kHalf, kFp8Q, kFp8Cache>, kWideThreads, AlternatingLayout::kLaunchBytes);
+    launch(dense_decode_alternating_kernel<kHalf, kFp8Q, kFp8Cache>, kAlternatingThreads,
+           AlternatingLayout::kLaunchBytes);
   }
 }
 

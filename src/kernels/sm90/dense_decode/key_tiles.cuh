@@ -6,7 +6,7 @@
 // key) and, read N/M-major, V for the output. The producer (one thread) walks the block table
 // and issues one TMA box per 64 dims x min(page, 64) tokens; FP8 caches land as 9 blocks of
 // [64 lines][64 bytes]: plain for the alternating kernel, each in the upper half of its 16-bit
-// block, which three producer warps widen in place (widen_key_tile_in_place); 64-byte swizzled
+// block, which its producer warpgroup widens in place (widen_key_tile_in_place); 64-byte swizzled
 // for the narrow kernel, which widens in registers (fp8_fragments.cuh). Slots past the
 // sequence end are zeroed in shared memory before use (unused cache slots may hold NaN, pages
 // past the end are never read), so masked keys multiply finite zeros.
@@ -50,6 +50,7 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid,
 // whether or not they hold keys (the consumers zero the lines past the sequence end).
 constexpr int kWidenerThreads = 128;
 constexpr int kRawInBlockOffset = kSwizzleBlockBytes / 2;  // 4 KB: the raw block in its 16-bit block
+static_assert(kTileKeys * 64 == kSwizzleBlockBytes - kRawInBlockOffset, "a raw block fills the upper half");
 template <bool kHalf>
 __device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int thread, int barrier) {
   constexpr int kUnits = kTileKeys * 8;  // 8 bytes (one 16-byte chunk once widened) per unit
@@ -195,7 +196,7 @@ __device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, 
 
 // Issues a split's key tiles by TMA (one thread): reads the block-table entries of a tile's
 // pages (only pages that hold keys of the sequence: entries past its end may be garbage) and
-// issues one box per 64 dims per page, counted on a full barrier. Block b of stage s lands at
+// issues one box per 64 dims per page, counted on the barrier `issue` is given. Block b of stage s lands at
 // stages + s * kStageStride + b * kBlockStride (by default packed; the alternating kernel's FP8
 // tiles land in the upper half of each 16-bit block, see widen_key_tile_in_place).
 template <bool kFp8Cache, int kBlockStride = kTileKeys * (kFp8Cache ? 64 : 128), int kStageStride = kDimBlocks * kBlockStride>
@@ -356,18 +357,32 @@ __device__ __forceinline__ void init_stage_barriers(uint64_t* full, uint64_t* em
 // Shared memory a CTA may use on sm_90 (227 KB).
 constexpr int kMaxSharedBytes = 232448;
 
+// setmaxnreg.inc waits until the registers are free: what the producer threads give back from
+// the launch allocation (65536 / threads, in steps of 8, the count the compiler uses under
+// __launch_bounds__(threads, 1)) must cover what the consumer threads take, or the kernel hangs.
+constexpr bool register_split_fits(int threads, int consumers, int consumer_registers, int producers,
+                                   int producer_registers) {
+  const int launch = (65536 / threads) / 8 * 8;
+  return (consumer_registers - launch) * consumers <= (launch - producer_registers) * producers;
+}
+
 // The 64-row kernel (alternating_kernel.cuh): two consumer warpgroups and a
 // producer warpgroup.
-constexpr int kConsumerThreads = 256;                 // two warpgroups
-constexpr int kWideThreads = kConsumerThreads + 128;  // + the producer warpgroup
+constexpr int kConsumerThreads = 256;                        // two warpgroups
+constexpr int kAlternatingThreads = kConsumerThreads + 128;  // + the producer warpgroup
 // Registers per thread after the role split (setmaxnreg): 2 x 128 x 240 + 128 x 24 = 63 K.
 // The consumers hold 128 fp32 output accumulators each; the producer needs a handful.
 constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
 // With an FP8 cache the producer warpgroup also widens, holding two 64-dim blocks of raw bytes
-// (with 40 registers that loop spilled). The pool setmaxnreg redistributes is what the
-// launch gave the CTA (168 x 384 = 63 K, the compiled count): 2 x 128 x 224 + 128 x 56 fills it
-// (232 + 56 would deadlock: setmaxnreg.inc waits for registers that never come).
+// (with 40 registers the producer spilled, 2-6% slower): 2 x 128 x 224 + 128 x 56 also fills the
+// 168 x 384 of the launch (232 + 56 hung).
 constexpr int kWidenerConsumerRegisters = 224, kWidenerRegisters = 56;
+static_assert(register_split_fits(kAlternatingThreads, kConsumerThreads, kConsumerRegisters, 128,
+                                  kProducerRegisters) &&
+                  register_split_fits(kAlternatingThreads, kConsumerThreads, kWidenerConsumerRegisters, 128,
+                                      kWidenerRegisters),
+              "the consumers' setmaxnreg.inc must be satisfiable");
+static_assert(kWidenerThreads == kAlternatingThreads - kConsumerThreads, "the whole producer warpgroup widens");
 
 // The m64k16 A fragment of Q for k step `step` (dims 16 step ..), as wgmma takes A from
 // registers: warp w of the warpgroup holds rows 16 w + lane / 4 (+ 8), dims 2 (lane % 4) (+ 8).
@@ -383,14 +398,15 @@ __device__ __forceinline__ void query_fragment(const uint8_t* query, int step, i
 // The 256 consumer threads only (the producer warpgroup is not part of it).
 __device__ __forceinline__ void sync_consumers() { sync_named(1, kConsumerThreads); }
 
-// The 64-row kernels' epilogue for one consumer warpgroup: it holds O for its 256 value
+// The alternating kernel's epilogue for one consumer warpgroup: it holds O for its 256 value
 // columns (m64n256 accumulators) and, for rows row0 and row0 + 8 of its warp, the running
 // maximum and the row sums over its own keys, which `other_sums` ([row] of the other
 // warpgroup's sums) completes. Writes the normalised output (or the split's partial) and the LSE.
-__device__ __forceinline__ void store_wide_output(const SplitArgs& args, int split, int batch_index, int first_row,
-                                                  int rows_here, int warpgroup, int lane, int row0,
-                                                  const float (&running_max)[2], const float (&running_sum)[2],
-                                                  const float* other_sums, const float (&output)[128]) {
+__device__ __forceinline__ void store_alternating_output(const SplitArgs& args, int split, int batch_index,
+                                                         int first_row, int rows_here, int warpgroup, int lane,
+                                                         int row0, const float (&running_max)[2],
+                                                         const float (&running_sum)[2], const float* other_sums,
+                                                         const float (&output)[128]) {
   const OutputDestination destination = output_destination(args, split);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {

@@ -63,12 +63,9 @@ struct NarrowLayout {
   static constexpr int kProducerThreads = kGroups > 1 ? 128 : 32;
   static constexpr int kThreads = kConsumers + kProducerThreads;
   static constexpr int kConsumerRegisters = kGroups == 3 ? 160 : 240;
-  // setmaxnreg.inc waits until the registers are free: what the producer gives back from the
-  // launch allocation (65536 / kThreads, in steps of 8) must cover what the consumers take, or
-  // the kernel hangs (as 4 consumer warpgroups at 120 did).
-  static constexpr int kLaunchRegisters = (65536 / kThreads) / 8 * 8;
-  static_assert(kGroups == 1 || (kConsumerRegisters - kLaunchRegisters) * kConsumers <=
-                                    (kLaunchRegisters - kProducerRegisters) * kProducerThreads,
+  // (4 consumer warpgroups at 120 registers hung: key_tiles.cuh register_split_fits.)
+  static_assert(kGroups == 1 ||
+                    register_split_fits(kThreads, kConsumers, kConsumerRegisters, kProducerThreads, kProducerRegisters),
                 "the consumers' setmaxnreg.inc must be satisfiable");
   static constexpr int kStages = !kFp8Cache ? 2 : (kRows == 16 ? 5 : 4);
   static constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;

@@ -213,9 +213,7 @@ __device__ __forceinline__ CtaWork ranked_cta_work(const int32_t* seq_lens, int6
   __syncthreads();  // (scratch is next written by the pipeline, after a later CTA barrier)
   return {chosen, position % splits};
 }
-// Not inlined, so that the prologue of the uniform plans stays as it was. (The FP8 wide kernel,
-// since replaced by the alternating kernel, measured 3-5% slower on FP8 D2 Hq64 with the call
-// and a shared atomic per thread: perf log, session 7.)
+// Not inlined, so that the prologue of the uniform plans stays as it was.
 static __device__ __noinline__ CtaWork balanced_cta_work(const int32_t* seq_lens, int64_t seq_lens_stride, int batch,
                                                          int* scratch) {
   return ranked_cta_work(seq_lens, seq_lens_stride, batch, scratch);
