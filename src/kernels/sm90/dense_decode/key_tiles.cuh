@@ -375,7 +375,7 @@ constexpr int kAlternatingThreads = kConsumerThreads + 128;  // + the producer w
 constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
 // With an FP8 cache the producer warpgroup also widens, holding two 64-dim blocks of raw bytes
 // (with 40 registers the producer spilled, 2-6% slower): 2 x 128 x 224 + 128 x 56 also fills the
-// 168 x 384 of the launch (232 + 56 hung).
+// 168 x 384 of the launch (240 + 32 hung: register_split_fits).
 constexpr int kWidenerConsumerRegisters = 224, kWidenerRegisters = 56;
 static_assert(register_split_fits(kAlternatingThreads, kConsumerThreads, kConsumerRegisters, 128,
                                   kProducerRegisters) &&
