@@ -173,9 +173,10 @@ struct CtaWork {
 };
 constexpr int kMaxRankedBatch = 256;  // ranking costs every CTA ~B^2 / threads comparisons
 
-// The balanced plan's CtaWork (see above).
-__device__ __forceinline__ CtaWork ranked_cta_work(const int32_t* seq_lens, int64_t seq_lens_stride, int batch,
-                                                   int* scratch) {
+// The balanced plan's CtaWork (see above). Not inlined, so that the prologue of the uniform
+// plans stays as it was.
+static __device__ __noinline__ CtaWork ranked_cta_work(const int32_t* seq_lens, int64_t seq_lens_stride, int batch,
+                                                       int* scratch) {
   int& total = scratch[kMaxRankedBatch];  // (in scratch: static shared words are all but used up)
   int& longest = scratch[kMaxRankedBatch + 1];
   int& chosen = scratch[kMaxRankedBatch + 2];
@@ -213,14 +214,9 @@ __device__ __forceinline__ CtaWork ranked_cta_work(const int32_t* seq_lens, int6
   __syncthreads();  // (scratch is next written by the pipeline, after a later CTA barrier)
   return {chosen, position % splits};
 }
-// Not inlined, so that the prologue of the uniform plans stays as it was.
-static __device__ __noinline__ CtaWork balanced_cta_work(const int32_t* seq_lens, int64_t seq_lens_stride, int batch,
-                                                         int* scratch) {
-  return ranked_cta_work(seq_lens, seq_lens_stride, batch, scratch);
-}
 __device__ __forceinline__ CtaWork cta_work(const SplitArgs& args, int* scratch) {
   if (!args.balanced || args.batch > kMaxRankedBatch) return {int(blockIdx.y), int(blockIdx.z)};
-  return balanced_cta_work(args.seq_lens, args.seq_lens_stride, args.batch, scratch);
+  return ranked_cta_work(args.seq_lens, args.seq_lens_stride, args.batch, scratch);
 }
 
 // Where a CTA's results go: the output itself (its request uses one split) or the partial rows
