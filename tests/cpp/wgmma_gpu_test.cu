@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "kernels/sm90/dense_decode/fp8_tiles.cuh"
 #include "kernels/sm90/wgmma.cuh"
 #include "test_support.h"
 
@@ -107,6 +108,30 @@ void expect_product(const std::vector<float>& actual, const std::vector<uint16_t
       ASSERT_NEAR(actual[m * n_count + n], expected, 1e-3) << "m " << m << ", n " << n;
     }
   }
+}
+
+// The e4m3 path (dense_decode/fp8_tiles.cuh) moves P from the S accumulators into the m64k32
+// A fragment without shuffles, which permutes the keys along k: byte b of register r of k step
+// s holds fragment column 32 s + 16 (r / 2) + 4 (lane % 4) + b (the PTX fragment layout). The
+// value tile's columns must hold the same keys, or P V pairs probabilities with other keys'
+// values (CPU only: the mapping is arithmetic).
+TEST(WgmmaLayout, Fp8ProbabilityColumnsHoldTheirAccumulatorsKeys) {
+  std::vector<int> seen(64, 0);
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int step = 0; step < 2; ++step) {
+      for (int r = 0; r < 4; ++r) {
+        for (int byte = 0; byte < 4; ++byte) {
+          const int column = 32 * step + 16 * (r / 2) + 4 * (lane % 4) + byte;
+          const int i = kernels::sm90::probability_accumulator(step, r, byte);
+          EXPECT_EQ(accumulator_row(0, lane, i), lane / 4 + 8 * (r % 2)) << "lane " << lane << ", i " << i;
+          EXPECT_EQ(kernels::sm90::value_key_of_column(column), accumulator_column(lane, i))
+              << "lane " << lane << ", step " << step << ", register " << r << ", byte " << byte;
+          if (lane < 4 && r % 2 == 0) ++seen[kernels::sm90::value_key_of_column(column)];
+        }
+      }
+    }
+  }
+  for (int key = 0; key < 64; ++key) EXPECT_EQ(seen[key], 1) << "key " << key << " (a permutation)";
 }
 
 TEST(WgmmaGpu, KMajorOperandsMatchCpuProduct) {

@@ -36,6 +36,14 @@ __device__ __forceinline__ uint64_t make_descriptor(const void* shared_start, ui
          (uint64_t((stride_byte_offset >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
 }
 
+// The same with the 64-byte swizzle (e4m3 tiles of 64-byte lines; 512-byte aligned atoms of 8
+// lines, chunk c of line l at chunk c ^ ((l / 2) % 4)).
+__device__ __forceinline__ uint64_t make_descriptor_64b(const void* shared_start, uint32_t stride_byte_offset) {
+  const uint64_t address = shared_address(shared_start);
+  return ((address & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t((stride_byte_offset >> 4) & 0x3FFF) << 32) |
+         (uint64_t(2) << 62);
+}
+
 // Orders this thread's ordinary shared-memory stores before the tensor cores' reads of them.
 __device__ __forceinline__ void fence_shared_for_async_proxy() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -92,16 +100,16 @@ __device__ __forceinline__ void wgmma_wait() {
       "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
       "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 // A and B from shared memory (descriptors a, b); operand numbers of a, b and accumulate follow
-// the N accumulators. TRANSPOSE: "tnspA, tnspB".
+// the N accumulators. TRANSPOSE: ", tnspA, tnspB" (empty for e4m3, whose operands are K-major).
 #define OPENMLA_WGMMA_SS(SHAPE, TYPES, N, A, B, ACCUMULATE, TRANSPOSE)                                    \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACCUMULATE ", 0;\nwgmma.mma_async.sync.aligned." SHAPE \
-               ".f32." TYPES " " OPENMLA_WGMMA_D##N ", " A ", " B ", p, 1, 1, " TRANSPOSE ";\n}\n"          \
+               ".f32." TYPES " " OPENMLA_WGMMA_D##N ", " A ", " B ", p, 1, 1" TRANSPOSE ";\n}\n"            \
                : OPENMLA_WGMMA_OUT##N(d)                                                                    \
                : "l"(a), "l"(b), "r"(int(accumulate)))
-// A from registers (the m64k16 fragment a[4]), B from shared memory (TRANSPOSE_B: tnspB).
+// A from registers (the m64k16 fragment a[4]), B from shared memory (TRANSPOSE_B: ", tnspB").
 #define OPENMLA_WGMMA_RS(SHAPE, TYPES, N, A, B, ACCUMULATE, TRANSPOSE_B)                                   \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACCUMULATE ", 0;\nwgmma.mma_async.sync.aligned." SHAPE \
-               ".f32." TYPES " " OPENMLA_WGMMA_D##N ", " A ", " B ", p, 1, 1, " TRANSPOSE_B ";\n}\n"       \
+               ".f32." TYPES " " OPENMLA_WGMMA_D##N ", " A ", " B ", p, 1, 1" TRANSPOSE_B ";\n}\n"         \
                : OPENMLA_WGMMA_OUT##N(d)                                                                    \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
 // Defines template <bool kHalf> NAME(d, a[4], b, accumulate) for A from registers.
@@ -126,40 +134,59 @@ __device__ __forceinline__ void wgmma_wait() {
   }
 
 // D (64 x 16) += A (K-major) * B (K-major, [n][k]): S^T = K Q^T for 16 query rows.
-OPENMLA_DEFINE_WGMMA_SS(wgmma_64x16x16, "m64n16k16", 8, "%8", "%9", "%10", "0, 0")
+OPENMLA_DEFINE_WGMMA_SS(wgmma_64x16x16, "m64n16k16", 8, "%8", "%9", "%10", ", 0, 0")
 
 // D (64 x 16) += A (registers: an m64k16 fragment) * B (K-major): S^T and O^T with an FP8 cache,
 // whose fragments are widened in registers (dense_decode/fp8_fragments.cuh).
-OPENMLA_DEFINE_WGMMA_RS(wgmma_64x16x16_a_registers, "m64n16k16", 8, "{%8, %9, %10, %11}", "%12", "%13", "0")
+OPENMLA_DEFINE_WGMMA_RS(wgmma_64x16x16_a_registers, "m64n16k16", 8, "{%8, %9, %10, %11}", "%12", "%13", ", 0")
 
 // D (64 x 16) += A (M-major: [k][m], tnspA) * B (K-major): O^T = V^T P^T, V stored [key][dim].
-OPENMLA_DEFINE_WGMMA_SS(wgmma_64x16x16_a_m_major, "m64n16k16", 8, "%8", "%9", "%10", "1, 0")
+OPENMLA_DEFINE_WGMMA_SS(wgmma_64x16x16_a_m_major, "m64n16k16", 8, "%8", "%9", "%10", ", 1, 0")
 
 // D (64 x 32) += A (K-major) * B (K-major, [n][k]): S^T for 32 query rows.
-OPENMLA_DEFINE_WGMMA_SS(wgmma_64x32x16, "m64n32k16", 16, "%16", "%17", "%18", "0, 0")
+OPENMLA_DEFINE_WGMMA_SS(wgmma_64x32x16, "m64n32k16", 16, "%16", "%17", "%18", ", 0, 0")
 
 // D (64 x 32) += A (M-major, tnspA) * B (K-major): O^T = V^T P^T for 32 query rows.
-OPENMLA_DEFINE_WGMMA_SS(wgmma_64x32x16_a_m_major, "m64n32k16", 16, "%16", "%17", "%18", "1, 0")
+OPENMLA_DEFINE_WGMMA_SS(wgmma_64x32x16_a_m_major, "m64n32k16", 16, "%16", "%17", "%18", ", 1, 0")
 
 // D (64 x 32) += A (registers: the m64k16 fragment, as for the 64 x 16 form above) * B (K-major,
 // [n][k]).
-OPENMLA_DEFINE_WGMMA_RS(wgmma_64x32x16_a_registers, "m64n32k16", 16, "{%16, %17, %18, %19}", "%20", "%21", "0")
+OPENMLA_DEFINE_WGMMA_RS(wgmma_64x32x16_a_registers, "m64n32k16", 16, "{%16, %17, %18, %19}", "%20", "%21", ", 0")
 
 // D (64 x 64) += A (K-major) * B (K-major, [n][k]).
-OPENMLA_DEFINE_WGMMA_SS(wgmma_64x64x16, "m64n64k16", 32, "%32", "%33", "%34", "0, 0")
+OPENMLA_DEFINE_WGMMA_SS(wgmma_64x64x16, "m64n64k16", 32, "%32", "%33", "%34", ", 0, 0")
 
 // D (64 x 64) += A (registers) * B (K-major, [n][k]): S over the dims whose Q is in registers.
-OPENMLA_DEFINE_WGMMA_RS(wgmma_64x64x16_a_registers, "m64n64k16", 32, "{%32, %33, %34, %35}", "%36", "%37", "0")
+OPENMLA_DEFINE_WGMMA_RS(wgmma_64x64x16_a_registers, "m64n64k16", 32, "{%32, %33, %34, %35}", "%36", "%37", ", 0")
 
 // D (64 x 128) += A (K-major) * B (N-major: [k][n], tnspB). Used by the layout test only.
-OPENMLA_DEFINE_WGMMA_SS(wgmma_64x128x16_b_n_major, "m64n128k16", 64, "%64", "%65", "%66", "0, 1")
+OPENMLA_DEFINE_WGMMA_SS(wgmma_64x128x16_b_n_major, "m64n128k16", 64, "%64", "%65", "%66", ", 0, 1")
 
 // D (64 x 256) += A (K-major) * B (N-major: [k][n], tnspB): O += P V for 256 value columns.
-OPENMLA_DEFINE_WGMMA_SS(wgmma_64x256x16_b_n_major, "m64n256k16", 128, "%128", "%129", "%130", "0, 1")
+OPENMLA_DEFINE_WGMMA_SS(wgmma_64x256x16_b_n_major, "m64n256k16", 128, "%128", "%129", "%130", ", 0, 1")
 
 // D (64 x 256) += A (registers: P straight from the S accumulators) * B (N-major, tnspB): O += P V.
 OPENMLA_DEFINE_WGMMA_RS(wgmma_64x256x16_a_registers_b_n_major, "m64n256k16", 128, "{%128, %129, %130, %131}",
-                        "%132", "%133", "1")
+                        "%132", "%133", ", 1")
+
+// e4m3 x e4m3 (k 32 per instruction; both operands K-major, the only layout wgmma takes for
+// 8-bit types), for the alternating kernel with fp8 q and cache (dense_decode/fp8_tiles.cuh).
+// Descriptors with the 64-byte swizzle (make_descriptor_64b): one 64-byte line per row, a
+// 32-deep k step inside a line advances the start address by 32 bytes.
+#define OPENMLA_DEFINE_WGMMA_FP8_SS(NAME, SHAPE, N, A, B, ACCUMULATE)                          \
+  __device__ __forceinline__ void NAME(float(&d)[N], uint64_t a, uint64_t b, bool accumulate) { \
+    OPENMLA_WGMMA_SS(SHAPE, "e4m3.e4m3", N, A, B, ACCUMULATE, "");                               \
+  }
+// D (64 x 64) += A (K-major) * B (K-major, [n][k]): S = Q K^T.
+OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x64x32_fp8, "m64n64k32", 32, "%32", "%33", "%34")
+// D (64 x 256) += A (K-major) * B (K-major: V^T, [dim][key]): O += P V, P from shared memory.
+OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x256x32_fp8, "m64n256k32", 128, "%128", "%129", "%130")
+// D (64 x 256) += A (registers: the m64k32 e4m3 fragment, row 16 w + lane / 4 (+ 8 in a[1],
+// a[3]), k 4 (lane % 4) .. + 3 (+ 16 in a[2], a[3])) * B (K-major: V^T): O += P V.
+__device__ __forceinline__ void wgmma_64x256x32_fp8_a_registers(float (&d)[128], const uint32_t (&a)[4], uint64_t b,
+                                                                bool accumulate) {
+  OPENMLA_WGMMA_RS("m64n256k32", "e4m3.e4m3", 128, "{%128, %129, %130, %131}", "%132", "%133", "");
+}
 
 // Accumulator element i of a thread (warp w of the warpgroup, lane l): row and column of D.
 __host__ __device__ constexpr int accumulator_row(int warp, int lane, int i) {

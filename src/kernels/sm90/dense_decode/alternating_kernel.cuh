@@ -32,17 +32,24 @@
 // Shared memory: Q 72 KB (its rope block is reused as tile a's P buffer once the rope values
 // are in registers), two 72 KB key stages, tile b's P buffer 8 KB, maxima and factors: 226 KB.
 // Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
-// P V of its tile are done. An FP8 tile (36 KB) lands in the upper halves of its stage's 64-dim
-// blocks and is widened exactly to fp16 in place, then the stage is full.
+// P V of its tile are done. An FP8 tile (36 KB) with a 16-bit q lands in the upper halves of
+// its stage's 64-dim blocks and is widened exactly to fp16 in place, then the stage is full.
+// fp8 q and cache (kFp8Math, fp8_tiles.cuh): both products on e4m3 wgmma (m64n64k32 for S with
+// Q and the raw tile in shared memory, m64n256k32 for O += P V with P in e4m3); two raw stages
+// (36 KB) that S and the producer warpgroup's transposition read, and three value tiles (V^T,
+// 32 KB) that O += P V reads: 212 KB.
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
-// guards that keep a row without keys at output 0 and LSE -inf. FP8 caches compute in fp16
-// (e4m3 widens exactly; bf16 q is scaled by a power of two into fp16 range).
+// guards that keep a row without keys at output 0 and LSE -inf. FP8 caches with 16-bit q
+// compute in fp16 (e4m3 widens exactly; bf16 q is scaled by a power of two into fp16 range).
 // Epilogue: one split writes the 16-bit output and LSE directly; several splits write fp32
 // partial outputs and base-2 LSEs to the workspace for the combine kernel.
 // Limits: head dim 576 / value dim 512 fixed; rows tiled by 64 (rows past the end are zero
 // queries whose keys are all masked).
 #pragma once
 
+#include <type_traits>
+
+#include "kernels/sm90/dense_decode/fp8_tiles.cuh"
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
 #include "kernels/sm90/launch_dependencies.cuh"
@@ -67,6 +74,27 @@ struct AlternatingLayout {
 };
 static_assert(AlternatingLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
 
+// With fp8 q and cache (kFp8Math, fp8_tiles.cuh): Q 36 KB, two raw key stages of 36 KB, three
+// value tiles (V^T) of 32 KB, the P buffers 4 KB each: 212 KB.
+struct AlternatingFp8Layout {
+  static constexpr int kQuery = 0;
+  static constexpr int kKeys = kRawFp8StageBytes;
+  static constexpr int kValues = kKeys + kFp8RawStages * kRawFp8StageBytes;
+  static constexpr int kProbabilitiesA = kValues + kFp8ValueTiles * kValueTileBytes;
+  static constexpr int kProbabilitiesB = kProbabilitiesA + kRawBlockBytes;
+  static constexpr int kMaxima = kProbabilitiesB + kRawBlockBytes;
+  static constexpr int kFactorA = kMaxima + kRowsPerTile * 4;
+  static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;
+  static constexpr int kSums = kFactorB + kRowsPerTile * 4;
+  // full[kFp8ValueTiles], empty[kFp8ValueTiles], landed[kFp8RawStages], raw_empty[kFp8RawStages]
+  static constexpr int kBarriers = kSums + 2 * kRowsPerTile * 4;
+  static constexpr int kHandoffs = kBarriers + 2 * (kFp8ValueTiles + kFp8RawStages) * 8;
+  static constexpr int kBytes = kHandoffs + 6 * 8;
+  static constexpr int kLaunchBytes = kBytes + 1024;
+};
+static_assert(AlternatingFp8Layout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
+static_assert(kRawFp8StageBytes % 1024 == 0 && kValueTileBytes % 1024 == 0, "swizzle atoms stay aligned");
+
 // Handoffs between the warpgroups: mbarriers that all 128 threads of the signalling warpgroup
 // arrive on (release) and the other waits on (acquire), one phase per pair; the waiter passes
 // the phase number (the pair whose signal it needs).
@@ -81,7 +109,9 @@ template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 __global__ void __launch_bounds__(kAlternatingThreads, 1)
     dense_decode_alternating_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
   static_assert(kHalf || !kFp8Cache, "FP8 caches compute in fp16");
-  using Layout = AlternatingLayout;
+  // fp8 q and cache: both products on e4m3 wgmma (fp8_tiles.cuh); else 16-bit math.
+  constexpr bool kFp8Math = kFp8Q && kFp8Cache;
+  using Layout = std::conditional_t<kFp8Math, AlternatingFp8Layout, AlternatingLayout>;
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
   uint8_t* query = shared + Layout::kQuery;
@@ -92,9 +122,13 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   auto probability_buffer = [&](int which) {
     return shared + (which ? Layout::kProbabilitiesB : Layout::kProbabilitiesA);
   };
+  // The 16-bit stages (kFp8Math: the value tiles) are released per tile on `empty`.
+  constexpr int kReleasedStages = kFp8Math ? kFp8ValueTiles : 2;
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
-  uint64_t* empty = full + 2;
-  uint64_t* landed = full + 4;  // FP8 cache: the raw tile is in the stage (TMA bytes)
+  uint64_t* empty = full + kReleasedStages;
+  uint64_t* landed = empty + kReleasedStages;  // FP8 cache: the raw tile is in the stage (TMA bytes)
+  // kFp8Math: full / empty are the value tiles', landed / raw_empty the raw stages'.
+  uint64_t* raw_empty = landed + kFp8RawStages;
   uint64_t* handoffs = reinterpret_cast<uint64_t*>(shared + Layout::kHandoffs);
   // Whole warps signal (see ConsumerBarrier in narrow_kernel.cuh: no lane of a warp waits
   // while another lane of it has yet to arrive).
@@ -121,17 +155,32 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int handoff = 0; handoff < 6; ++handoff) mbarrier_init(&handoffs[handoff], 128);
-    if constexpr (kFp8Cache) {
+    if constexpr (kFp8Math) {  // value tiles: the transposers, then both warpgroups; raw stages: the
+                               // TMA, then the transposers and the owner's S
+      for (int stage = 0; stage < kFp8ValueTiles; ++stage) {
+        mbarrier_init(&full[stage], kTransposerThreads);
+        mbarrier_init(&empty[stage], kConsumerThreads);
+      }
+      for (int stage = 0; stage < kFp8RawStages; ++stage) {
+        mbarrier_init(&landed[stage], 1);
+        mbarrier_init(&raw_empty[stage], 128 + kTransposerThreads);
+      }
+      fence_barrier_init();
+    } else if constexpr (kFp8Cache) {
       for (int stage = 0; stage < 2; ++stage) mbarrier_init(&full[stage], kWidenerThreads);
     }
   }
   // An FP8 tile lands on `landed`; the widener threads fill the stage and arrive on `full`.
-  init_stage_barriers(kFp8Cache ? landed : full, empty, kConsumerThreads);
+  if constexpr (!kFp8Math) init_stage_barriers(kFp8Cache ? landed : full, empty, kConsumerThreads);
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads) {  // the producer warpgroup
-    set_register_count<(kFp8Cache ? kWidenerRegisters : kProducerRegisters), false>();
+    set_register_count<(kFp8Math ? kFp8MathProducerRegisters : kFp8Cache ? kFp8ProducerRegisters : kProducerRegisters),
+                       false>();
     const int producer_thread = threadIdx.x - kConsumerThreads;
-    if constexpr (kFp8Cache) {
+    if constexpr (kFp8Math) {
+      load_and_transpose_value_tiles(&cache_map, args, table_row, range, stages, shared + Layout::kValues, landed,
+                                     raw_empty, full, empty, producer_thread);
+    } else if constexpr (kFp8Cache) {
       load_and_widen_key_tiles<kHalf>(&cache_map, args, table_row, range, stages, landed, full, empty,
                                       producer_thread, kWidenerBarrier);
     } else if (producer_thread == 0) {
@@ -139,20 +188,29 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     }
     return;
   }
-  set_register_count<(kFp8Cache ? kWidenerConsumerRegisters : kConsumerRegisters), true>();
+  set_register_count<(kFp8Math    ? kFp8MathConsumerRegisters
+                      : kFp8Cache ? kFp8ConsumerRegisters
+                                  : kConsumerRegisters),
+                     true>();
 
-  const float logit_scale =
-      args.logit_scale_log2 * load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kRowsPerTile, kConsumerThreads>(
-                                  args, batch_index, first_row, rows_here, query, 1);
+  float logit_scale = args.logit_scale_log2;
+  if constexpr (kFp8Math) {
+    load_fp8_query_tile(args, batch_index, first_row, rows_here, query, 1);
+  } else {
+    logit_scale *= load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kRowsPerTile, kConsumerThreads>(
+        args, batch_index, first_row, rows_here, query, 1);
+  }
   const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int thread_in_warpgroup = threadIdx.x % 128;
   const int row0 = 16 * warp + lane / 4;  // this thread's accumulator rows: row0, row0 + 8
   uint32_t rope_query[kRopeSteps][4];
+  if constexpr (!kFp8Math) {
 #pragma unroll
-  for (int step = 0; step < kRopeSteps; ++step) {
-    query_fragment(query, kLatentDim / 16 + step, warp, lane, rope_query[step]);
+    for (int step = 0; step < kRopeSteps; ++step) {
+      query_fragment(query, kLatentDim / 16 + step, warp, lane, rope_query[step]);
+    }
+    sync_consumers();  // the rope block is read: it becomes tile a's P buffer
   }
-  sync_consumers();  // the rope block is read: it becomes tile a's P buffer
 
   int visible[2];
 #pragma unroll
@@ -172,31 +230,49 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   float scores[32];
   auto tile_scores = [&](int tile, float (&tile_max)[2]) {
     const int first_key = range.begin + tile * kTileKeys;
-    const int valid = range.length - first_key;
-    uint8_t* keys = stages + (tile % 2) * kTileBlockBytes;
-    mbarrier_wait(&full[tile % 2], (tile / 2) % 2);
-    if (valid < kTileKeys) {
-      zero_key_lines(keys, valid, thread_in_warpgroup, 128);
-      fence_shared_for_async_proxy();
-      sync_named(2 + warpgroup, 128);
-    }
-    const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);
-    wgmma_fence();
+    if constexpr (kFp8Math) {  // the raw tile as it landed; past-the-end keys are masked below
+      uint8_t* keys = stages + (tile % kFp8RawStages) * kRawFp8StageBytes;
+      mbarrier_wait(&landed[tile % kFp8RawStages], (tile / kFp8RawStages) % 2);
+      const uint64_t fp8_query_descriptor = make_descriptor_64b(query, 512);
+      const uint64_t key_descriptor = make_descriptor_64b(keys, 512);
+      wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kLatentDim / 16; ++k) {
-      const int offset = (k / 4) * kSwizzleBlockBytes + (k % 4) * 32;
-      wgmma_64x64x16<kHalf>(scores, advance_descriptor(query_descriptor, offset),
-                            advance_descriptor(key_descriptor, offset), k > 0);
-    }
+      for (int k = 0; k < kHeadDim / 32; ++k) {
+        const int offset = (k / 2) * kRawBlockBytes + (k % 2) * 32;
+        wgmma_64x64x32_fp8(scores, advance_descriptor(fp8_query_descriptor, offset),
+                           advance_descriptor(key_descriptor, offset), k > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(scores);
+      mbarrier_arrive(&raw_empty[tile % kFp8RawStages]);
+    } else {
+      const int valid = range.length - first_key;
+      uint8_t* keys = stages + (tile % 2) * kTileBlockBytes;
+      mbarrier_wait(&full[tile % 2], (tile / 2) % 2);
+      if (valid < kTileKeys) {
+        zero_key_lines(keys, valid, thread_in_warpgroup, 128);
+        fence_shared_for_async_proxy();
+        sync_named(2 + warpgroup, 128);
+      }
+      const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);
+      wgmma_fence();
 #pragma unroll
-    for (int step = 0; step < kRopeSteps; ++step) {
-      wgmma_64x64x16_a_registers<kHalf>(
-          scores, rope_query[step],
-          advance_descriptor(key_descriptor, (kLatentDim / 64) * kSwizzleBlockBytes + step * 32), true);
+      for (int k = 0; k < kLatentDim / 16; ++k) {
+        const int offset = (k / 4) * kSwizzleBlockBytes + (k % 4) * 32;
+        wgmma_64x64x16<kHalf>(scores, advance_descriptor(query_descriptor, offset),
+                              advance_descriptor(key_descriptor, offset), k > 0);
+      }
+#pragma unroll
+      for (int step = 0; step < kRopeSteps; ++step) {
+        wgmma_64x64x16_a_registers<kHalf>(
+            scores, rope_query[step],
+            advance_descriptor(key_descriptor, (kLatentDim / 64) * kSwizzleBlockBytes + step * 32), true);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(scores);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(scores);
     tile_max[0] = tile_max[1] = -INFINITY;
 #pragma unroll
     for (int i = 0; i < 32; ++i) {  // score i: row row0 + 8 ((i / 2) % 2), key 8 (i / 4) + 2 (lane % 4) + i % 2
@@ -214,7 +290,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 
   // Softmax of the own tile against the running maximum: P in registers (wgmma A fragments:
   // k step s is accumulators 8 s .. 8 s + 7).
-  uint32_t probabilities[kTileKeys / 16][4];
+  uint32_t probabilities[kTileKeys / (kFp8Math ? 32 : 16)][4];
   auto own_softmax = [&](const float (&tile_max)[2], float (&factor)[2]) {
     float reference[2];
 #pragma unroll
@@ -225,13 +301,23 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       running_max[half] = new_max;
       running_sum[half] *= factor[half];
     }
+    if constexpr (kFp8Math) {  // 2^8 p in e4m3 (fp8_tiles.cuh)
 #pragma unroll
-    for (int i = 0; i < 32; i += 2) {
-      const int half = (i / 2) % 2;
-      const float first = exp2f(scores[i] - reference[half]);
-      const float second = exp2f(scores[i + 1] - reference[half]);
-      running_sum[half] += first + second;
-      probabilities[i / 8][(i % 8) / 2] = pack_two<kHalf>(first, second);
+      for (int i = 0; i < 32; ++i) {
+        const int half = (i / 2) % 2;
+        scores[i] = exp2f(scores[i] - (reference[half] - kProbabilityLog2Scale));
+        running_sum[half] += scores[i];
+      }
+      pack_probability_fragments(scores, probabilities);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; i += 2) {
+        const int half = (i / 2) % 2;
+        const float first = exp2f(scores[i] - reference[half]);
+        const float second = exp2f(scores[i + 1] - reference[half]);
+        running_sum[half] += first + second;
+        probabilities[i / 8][(i % 8) / 2] = pack_two<kHalf>(first, second);
+      }
     }
   };
   // P, the new maxima and the factor that rescales everything before the own tile, into shared
@@ -239,10 +325,20 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   auto publish = [&](int pair, const float (&factor)[2]) {
     if (pair > 0) await(warpgroup == 0 ? kConsumedA : kConsumedB, pair - 1);  // our previous P was read
     uint8_t* buffer = probability_buffer(warpgroup);
+    if constexpr (kFp8Math) {
 #pragma unroll
-    for (int i = 0; i < 32; i += 2) {
-      const int row = row0 + 8 * ((i / 2) % 2), key = 8 * (i / 4) + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(buffer + swizzled_offset(row, key)) = probabilities[i / 8][(i % 8) / 2];
+      for (int step = 0; step < 2; ++step) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          *reinterpret_cast<uint32_t*>(buffer + probability_offset(row0, lane, step, r)) = probabilities[step][r];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; i += 2) {
+        const int row = row0 + 8 * ((i / 2) % 2), key = 8 * (i / 4) + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(buffer + swizzled_offset(row, key)) = probabilities[i / 8][(i % 8) / 2];
+      }
     }
     __syncwarp();  // the quad's reads of the previous maxima come first
     if (lane % 4 == 0) {
@@ -275,6 +371,24 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   // O += P V for this warpgroup's value columns over tile `tile`, P from registers or from the
   // other warpgroup's buffer (one wgmma group; the caller waits).
   auto value_product = [&](int tile, bool own) {
+    if constexpr (kFp8Math) {  // V^T from the value tile (transposed by the producer warpgroup)
+      mbarrier_wait(&full[tile % kFp8ValueTiles], (tile / kFp8ValueTiles) % 2);
+      const uint64_t value_descriptor = make_descriptor_64b(
+          shared + Layout::kValues + (tile % kFp8ValueTiles) * kValueTileBytes + warpgroup * (kValueTileBytes / 2), 512);
+      const uint64_t probability_descriptor = make_descriptor_64b(probability_buffer(tile % 2), 512);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kTileKeys / 32; ++k) {
+        if (own) {
+          wgmma_64x256x32_fp8_a_registers(output, probabilities[k], advance_descriptor(value_descriptor, 32 * k), true);
+        } else {
+          wgmma_64x256x32_fp8(output, advance_descriptor(probability_descriptor, 32 * k),
+                              advance_descriptor(value_descriptor, 32 * k), true);
+        }
+      }
+      wgmma_commit();
+      return;
+    }
     const uint64_t value_descriptor = make_descriptor(
         stages + (tile % 2) * kTileBlockBytes + value_block * kSwizzleBlockBytes, kSwizzleBlockBytes, 1024);
     const uint64_t probability_descriptor = make_descriptor(probability_buffer(tile % 2), 16, 1024);
@@ -294,7 +408,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   auto finish_value_product_and_release = [&](int tile) {  // once per tile per warpgroup
     wgmma_wait<0>();
     fence_accumulators(output);
-    mbarrier_arrive(&empty[tile % 2]);
+    mbarrier_arrive(&empty[tile % kReleasedStages]);
   };
 
   for (int pair = 0; pair < pairs; ++pair) {
@@ -347,7 +461,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   signal(warpgroup == 0 ? kSumsOf0 : kSumsOf1);
   await(warpgroup == 0 ? kSumsOf1 : kSumsOf0, 0);
   store_alternating_output(args, split, batch_index, first_row, rows_here, warpgroup, lane, row0, running_max,
-                           running_sum, sums + (1 - warpgroup) * kRowsPerTile, output);
+                           running_sum, sums + (1 - warpgroup) * kRowsPerTile, output,
+                           kFp8Math ? kProbabilityLog2Scale : 0.0f);
 }
 
 }  // namespace openmla::kernels::sm90

@@ -373,14 +373,20 @@ constexpr int kAlternatingThreads = kConsumerThreads + 128;  // + the producer w
 // Registers per thread after the role split (setmaxnreg): 2 x 128 x 240 + 128 x 24 = 63 K.
 // The consumers hold 128 fp32 output accumulators each; the producer needs a handful.
 constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
-// With an FP8 cache the producer warpgroup also widens, holding two 64-dim blocks of raw bytes
-// (with 40 registers the producer spilled, 2-6% slower): 2 x 128 x 224 + 128 x 56 also fills the
-// 168 x 384 of the launch (240 + 32 hung: register_split_fits).
-constexpr int kWidenerConsumerRegisters = 224, kWidenerRegisters = 56;
+// With an FP8 cache the producer warpgroup also widens (bf16 q), holding two 64-dim blocks of
+// raw bytes (with 40 registers it spilled, 2-6% slower), or transposes V (fp8 q; 40 spilled
+// too): 2 x 128 x 224 + 128 x 56 also fills the 168 x 384 of the launch (240 + 32 hung:
+// register_split_fits).
+constexpr int kFp8ConsumerRegisters = 224, kFp8ProducerRegisters = 56;
+// With fp8 q (e4m3 math) the consumers hold half the P registers and no Q fragments, and the
+// producer's transposition keeps 8 steps of ldmatrix results in flight (fp8_tiles.cuh).
+constexpr int kFp8MathConsumerRegisters = 216, kFp8MathProducerRegisters = 72;
 static_assert(register_split_fits(kAlternatingThreads, kConsumerThreads, kConsumerRegisters, 128,
                                   kProducerRegisters) &&
-                  register_split_fits(kAlternatingThreads, kConsumerThreads, kWidenerConsumerRegisters, 128,
-                                      kWidenerRegisters),
+                  register_split_fits(kAlternatingThreads, kConsumerThreads, kFp8ConsumerRegisters, 128,
+                                      kFp8ProducerRegisters) &&
+                  register_split_fits(kAlternatingThreads, kConsumerThreads, kFp8MathConsumerRegisters, 128,
+                                      kFp8MathProducerRegisters),
               "the consumers' setmaxnreg.inc must be satisfiable");
 static_assert(kWidenerThreads == kAlternatingThreads - kConsumerThreads, "the whole producer warpgroup widens");
 
@@ -402,11 +408,12 @@ __device__ __forceinline__ void sync_consumers() { sync_named(1, kConsumerThread
 // columns (m64n256 accumulators) and, for rows row0 and row0 + 8 of its warp, the running
 // maximum and the row sums over its own keys, which `other_sums` ([row] of the other
 // warpgroup's sums) completes. Writes the normalised output (or the split's partial) and the LSE.
+// The sums and O may both carry a factor 2^probability_log2_scale (the FP8 path's P scale).
 __device__ __forceinline__ void store_alternating_output(const SplitArgs& args, int split, int batch_index,
                                                          int first_row, int rows_here, int warpgroup, int lane,
                                                          int row0, const float (&running_max)[2],
                                                          const float (&running_sum)[2], const float* other_sums,
-                                                         const float (&output)[128]) {
+                                                         const float (&output)[128], float probability_log2_scale) {
   const OutputDestination destination = output_destination(args, split);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -416,7 +423,7 @@ __device__ __forceinline__ void store_alternating_output(const SplitArgs& args, 
     const int m = first_row + row;
     const bool empty_row = sum == 0.0f;
     const float normalizer = empty_row ? 0.0f : args.value_scale / sum;
-    const float lse2 = empty_row ? -INFINITY : running_max[half] + log2f(sum);
+    const float lse2 = empty_row ? -INFINITY : running_max[half] + (log2f(sum) - probability_log2_scale);
 #pragma unroll
     for (int i = 2 * half; i < 128; i += 4) {
       store_value_pair(args, destination, batch_index, m, warpgroup * 256 + 8 * (i / 4) + 2 * (lane % 4),
