@@ -60,6 +60,8 @@ def mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal=False, 
     enable_pdl: launch with programmatic dependent launch (Hopper): the attention kernel may
     start while the previous kernel in the stream finishes. (The combine step, where there is
     one, always overlaps the attention kernel so.) No effect on CPU.
+    fp8 q with an fp8 cache and Sq * Hq > 32 runs on FP8 tensor cores with the probabilities
+    rounded to e4m3 (about 1.5-2% relative error on the output beyond the fp8 inputs' own).
     Returns out [B, Sq, Hq, 512] bf16, and lse [B, Sq, Hq] with return_lse.
     """
     if out is None:
