@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     for (int half = 0; half < 2; ++half) {
       const float new_max = fmaxf(running_max[half], tile_max[half]);
       reference[half] = new_max == -INFINITY ? 0.0f : new_max;  // no key yet: exp2 stays 0
-      factor[half] = exp2f(running_max[half] - reference[half]);
+      factor[half] = fast_exp2(running_max[half] - reference[half]);
       running_max[half] = new_max;
       running_sum[half] *= factor[half];
     }
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int half = (i / 2) % 2;
-        scores[i] = exp2f(scores[i] - (reference[half] - kProbabilityLog2Scale));
+        scores[i] = fast_exp2(scores[i] - (reference[half] - kProbabilityLog2Scale));
         running_sum[half] += scores[i];
       }
       pack_probability_fragments(scores, probabilities);
@@ -313,8 +313,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 #pragma unroll
       for (int i = 0; i < 32; i += 2) {
         const int half = (i / 2) % 2;
-        const float first = exp2f(scores[i] - reference[half]);
-        const float second = exp2f(scores[i + 1] - reference[half]);
+        const float first = fast_exp2(scores[i] - reference[half]);
+        const float second = fast_exp2(scores[i + 1] - reference[half]);
         running_sum[half] += first + second;
         probabilities[i / 8][(i % 8) / 2] = pack_two<kHalf>(first, second);
       }

@@ -328,13 +328,13 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
           fmaxf(fmaxf(running_max[slot], fmaxf(exchange[row], exchange[kRows + row])),
                 fmaxf(exchange[2 * kRows + row], exchange[3 * kRows + row]));
       reference[slot] = new_max == -INFINITY ? 0.0f : new_max;
-      rescale[slot] = exp2f(running_max[slot] - reference[slot]);
+      rescale[slot] = fast_exp2(running_max[slot] - reference[slot]);
       running_max[slot] = new_max;
       running_sum[slot] *= rescale[slot];
     }
 #pragma unroll
     for (int i = 0; i < kRows / 2; ++i) {
-      const float probability = exp2f(scores[i] - reference[slot_of(i)]);
+      const float probability = fast_exp2(scores[i] - reference[slot_of(i)]);
       running_sum[slot_of(i)] += probability;
       const int key = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
       const int column = kFp8Cache ? value_column_of_key(key) : key;
