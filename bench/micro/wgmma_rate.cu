@@ -1,9 +1,9 @@
 // Microbenchmark: how many cycles per SM the wgmma shapes of the dense-decode kernels take when
 // only they run (no softmax, no loads), with one or two warpgroups issuing, operands in shared
 // memory as the kernels lay them out. Answers whether S (both operands in shared memory) runs
-// at the tensor rate or at shared memory's. Not part of the build: on a Hopper machine,
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I src bench/micro/wgmma_rate.cu -o /tmp/wgmma_rate && /tmp/wgmma_rate
-// prints cycles per instruction per SM and the implied FLOP / cycle / SM for each case.
+// at the tensor rate or at shared memory's. Built as bench/openmla-wgmma-rate with CUDA; on a
+// Hopper machine it prints cycles per instruction per SM and the implied FLOP / cycle / SM for
+// each case (H100, session 9: every case at the full tensor rate with two warpgroups).
 #include <cuda_runtime.h>
 
 #include <cstdio>
