@@ -12,8 +12,9 @@
 // the fragment's k columns 4 t .. 4 t + 3 of a thread (t = lane % 4) hold the keys its
 // accumulators hold, 2 t, 2 t + 1, 8 + 2 t, 9 + 2 t (per 16 keys). The value tile's columns
 // follow that order (value_key_of_column), and so does P in shared memory. P is stored as 256 p
-// (p <= 1 after the running maximum is subtracted): e4m3 keeps 3 mantissa bits from 2^-9 up,
-// and the factor moves probabilities down to 2^-17 out of the flush to zero. The row sums add the
+// (p <= 1 after the running maximum is subtracted): e4m3 has 3 mantissa bits from 2^-6 up and
+// subnormals down to 2^-9, and the factor moves probabilities down to 2^-17 out of the flush to
+// zero. The row sums add the
 // unrounded 256 p, so the output's normaliser cancels the factor and the LSE subtracts log2 256.
 //
 // Bank conflicts: ldmatrix reads 8 keys x 16 bytes per matrix, which the 64-byte swizzle spreads
@@ -96,6 +97,8 @@ __device__ __forceinline__ void load_fp8_query_tile(const SplitArgs& args, int b
   sync_named(barrier, kThreads);
 }
 
+// Four 8 x 8 matrices of 16-bit values, transposed; lane l gives the address of row l % 8 of
+// matrix l / 8 (see ValueTransposer for what each lane receives).
 __device__ __forceinline__ void load_transposed_matrices_x4(const uint8_t* row, uint32_t (&values)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(values[0]), "=r"(values[1]), "=r"(values[2]), "=r"(values[3])
