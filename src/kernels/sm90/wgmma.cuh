@@ -1,7 +1,9 @@
 // Hopper warpgroup MMA (wgmma) vocabulary: shared-memory matrix descriptors for the 128-byte
-// swizzled layouts, and the m64nNk16 instructions (fp16 or bf16 inputs, fp32 accumulators)
-// for the decode kernels (dense_decode/alternating_kernel.cuh,
-// narrow_kernel.cuh); tests/cpp/wgmma_gpu_test.cu checks the layouts against a CPU product.
+// (16-bit) and 64-byte (e4m3) swizzled layouts, and the m64nNk16 instructions (fp16 or bf16
+// inputs) and m64nNk32 e4m3 instructions (fp32 accumulators) for the decode kernels
+// (dense_decode/alternating_kernel.cuh, narrow_kernel.cuh, fp8_tiles.cuh);
+// tests/cpp/wgmma_gpu_test.cu checks the 16-bit layouts against a CPU product and the e4m3 P
+// fragment's key order, and the dense-decode GPU tests cover the e4m3 products end to end.
 //
 // Layout (both majors): a tile is stored as 8 KB blocks of 64 x 64 16-bit values, 128 bytes per
 // line, with the 16-byte chunk c of line l stored at chunk c ^ (l % 8) (the hardware's 128-byte
