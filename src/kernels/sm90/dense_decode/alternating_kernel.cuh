@@ -95,6 +95,14 @@ struct AlternatingFp8Layout {
 static_assert(AlternatingFp8Layout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
 static_assert(kRawFp8StageBytes % 1024 == 0 && kValueTileBytes % 1024 == 0, "swizzle atoms stay aligned");
 
+// fp8 q and cache: both products on e4m3 wgmma (fp8_tiles.cuh); else 16-bit math. The kernel
+// and its launcher (the shared-memory size) take the layout from here.
+template <bool kFp8Q, bool kFp8Cache>
+constexpr bool kAlternatingFp8Math = kFp8Q && kFp8Cache;
+template <bool kFp8Q, bool kFp8Cache>
+using AlternatingLayoutOf =
+    std::conditional_t<kAlternatingFp8Math<kFp8Q, kFp8Cache>, AlternatingFp8Layout, AlternatingLayout>;
+
 // Handoffs between the warpgroups: mbarriers that all 128 threads of the signalling warpgroup
 // arrive on (release) and the other waits on (acquire), one phase per pair; the waiter passes
 // the phase number (the pair whose signal it needs).
@@ -109,9 +117,8 @@ template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 __global__ void __launch_bounds__(kAlternatingThreads, 1)
     dense_decode_alternating_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
   static_assert(kHalf || !kFp8Cache, "FP8 caches compute in fp16");
-  // fp8 q and cache: both products on e4m3 wgmma (fp8_tiles.cuh); else 16-bit math.
-  constexpr bool kFp8Math = kFp8Q && kFp8Cache;
-  using Layout = std::conditional_t<kFp8Math, AlternatingFp8Layout, AlternatingLayout>;
+  constexpr bool kFp8Math = kAlternatingFp8Math<kFp8Q, kFp8Cache>;
+  using Layout = AlternatingLayoutOf<kFp8Q, kFp8Cache>;
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
   uint8_t* query = shared + Layout::kQuery;

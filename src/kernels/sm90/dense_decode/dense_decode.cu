@@ -103,8 +103,8 @@ void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid
       launch_narrow(std::integral_constant<int, 32>{});
     }
   } else {  // 64-row tiles; the warpgroups take turns on the tiles
-    using Layout = std::conditional_t<kFp8Q && kFp8Cache, AlternatingFp8Layout, AlternatingLayout>;
-    launch(dense_decode_alternating_kernel<kHalf, kFp8Q, kFp8Cache>, kAlternatingThreads, Layout::kLaunchBytes);
+    launch(dense_decode_alternating_kernel<kHalf, kFp8Q, kFp8Cache>, kAlternatingThreads,
+           AlternatingLayoutOf<kFp8Q, kFp8Cache>::kLaunchBytes);
   }
 }
 
