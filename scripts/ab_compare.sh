@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# A/B benchmark in one device call: builds the working tree and a baseline source tree, runs
-# the GPU tests of the working tree (a gtest filter), then the benchmark of both in alternating
-# rounds, so that both see the same GPU state; prints each case's times side by side and the
-# ratio of the fastest rounds (new / baseline). Exits 1 when a test or a benchmark run fails.
+# A/B benchmark in one device call: builds the working tree and one or more other source trees,
+# runs the GPU tests of the working tree (a gtest filter), then the benchmark of every tree in
+# alternating rounds, so that all see the same GPU state; prints each case's times side by side
+# and the ratio of each tree's fastest round to the first tree's. Exits 1 when a test or a
+# benchmark run fails.
 #
-#   scripts/ab_compare.sh BASELINE_DIR BENCH_FILTER [ROUNDS] [GTEST_FILTER]
+#   scripts/ab_compare.sh BASELINE_DIR[,OTHER_DIR...] BENCH_FILTER [ROUNDS] [GTEST_FILTER]
 #
 # BASELINE_DIR: a copy of an earlier commit, e.g. `git worktree add .carry/base HEAD` here,
-# carried to the device (`carry: [".carry/base"]`). BENCH_FILTER: openmla-bench --filter LIST
-# (a baseline older than c8d5e78 takes a single substring, no commas).
-# GTEST_FILTER (default: the dense-decode GPU tests; "-" skips the tests).
+# carried to the device (`carry: [".carry/base"]`); further trees (variants, diagnostics) are
+# compared to it as well, each named by its folder's name. BENCH_FILTER: openmla-bench
+# --filter LIST (a baseline older than c8d5e78 takes a single substring, no commas).
+# GTEST_FILTER (default: the dense-decode GPU tests; "-" skips the tests). AB_TEST_TIMEOUT and
+# AB_BENCH_TIMEOUT (seconds, default 300 each) bound the test run and each benchmark run.
 # Output: $OUT/ab.txt (the table), $OUT/ab-log.txt (builds and raw benchmark output).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-baseline="$1" filter="$2" rounds="${3:-2}" tests="${4:-*DenseDecodeGpu*}"
+IFS=, read -r -a others <<<"$1"
+filter="$2" rounds="${3:-2}" tests="${4:-*DenseDecodeGpu*}"
 out="${OUT:-$PWD/device-out}"
 mkdir -p "$out"
 log="$out/ab-log.txt"
@@ -28,21 +32,28 @@ build_tree() {  # source dir, build dir, targets...
 targets=(openmla-bench)
 [ "$tests" != "-" ] && targets+=(openmla_tests)
 build_tree . build-ab-new "${targets[@]}" || { echo "build of the working tree failed"; tail -30 "$log"; exit 1; }
-build_tree "$baseline" build-ab-base openmla-bench || { echo "baseline build failed"; tail -30 "$log"; exit 1; }
+sides=()
+for tree in "${others[@]}"; do
+  side="$(basename "$tree")"
+  [ "$side" = new ] && { echo "a compared tree may not be named 'new'"; exit 1; }
+  build_tree "$tree" "build-ab-$side" openmla-bench || { echo "build of $tree failed"; tail -30 "$log"; exit 1; }
+  sides+=("$side")
+done
+sides+=(new)
 
 status=0
 if [ "$tests" != "-" ]; then
-  # A kernel that hangs must not spend the whole device call.
-  timeout 300 build-ab-new/tests/openmla_tests --gtest_filter="$tests" --gtest_brief=1 >"$out/ab-tests.txt" 2>&1 ||
-    { status=1; echo "tests failed or timed out (300 s)"; }
-  tail -4 "$out/ab-tests.txt"
+  # A kernel that hangs must not spend the whole device call; nor is a failing tree benchmarked.
+  timeout "${AB_TEST_TIMEOUT:-300}" build-ab-new/tests/openmla_tests --gtest_filter="$tests" \
+      >"$out/ab-tests.txt" 2>&1 || { echo "tests failed or timed out (${AB_TEST_TIMEOUT:-300} s)"; tail -20 "$out/ab-tests.txt"; exit 1; }
+  grep -E "PASSED|FAILED" "$out/ab-tests.txt" | tail -8
 fi
 
 for round in $(seq "$rounds"); do
-  for side in base new; do
+  for side in "${sides[@]}"; do
     echo "== round $round $side" >>"$log"
     # Each case's progress line on stderr: "[i/n] op dtype case ... T us".
-    timeout 300 "build-ab-$side/bench/openmla-bench" --quick --filter "$filter" 2>/tmp/ab-progress.txt >>"$log" || {
+    timeout "${AB_BENCH_TIMEOUT:-300}" "build-ab-$side/bench/openmla-bench" --quick --filter "$filter" 2>/tmp/ab-progress.txt >>"$log" || {
       echo "benchmark run failed: $side, round $round (see ab-log.txt)"; status=1; }
     cat /tmp/ab-progress.txt >>"$log"
     grep ' us$' /tmp/ab-progress.txt | sed "s/^/$side\t$round\t/" >>"$out/ab-raw.txt"
@@ -50,9 +61,10 @@ for round in $(seq "$rounds"); do
 done
 
 # One line per case: the baseline's and the new tree's times of every round.
-python3 - "$out/ab-raw.txt" >"$out/ab.txt" <<'EOF'
+python3 - "$out/ab-raw.txt" "${sides[@]}" >"$out/ab.txt" <<'EOF'
 import re, sys, collections
-times = collections.defaultdict(lambda: {"base": [], "new": []})
+sides = sys.argv[2:]
+times = collections.defaultdict(lambda: collections.defaultdict(list))
 order = []
 for line in open(sys.argv[1]):
     side, _, text = line.rstrip("\n").split("\t", 2)
@@ -63,12 +75,17 @@ for line in open(sys.argv[1]):
     if name not in times:
         order.append(name)
     times[name][side].append(float(match.group(2)))
-print(f"{'case':58s} {'baseline us':>22s} {'new us':>22s} {'new/base':>8s}")
+first = sides[0]
+header = f"{'case':52s}" + "".join(f" {side + ' us':>20s}" for side in sides)
+header += "".join(f" {side + '/' + first:>12s}" for side in sides[1:])
+print(header)
 for name in order:
-    base, new = times[name]["base"], times[name]["new"]
-    ratio = min(new) / min(base) if base and new else float("nan")
     fmt = lambda values: " ".join(f"{v:.1f}" for v in values)
-    print(f"{name[:58]:58s} {fmt(base):>22s} {fmt(new):>22s} {ratio:8.3f}")
+    row = f"{name[:52]:52s}" + "".join(f" {fmt(times[name][side]):>20s}" for side in sides)
+    for side in sides[1:]:
+        a, b = times[name][side], times[name][first]
+        row += f" {min(a) / min(b) if a and b else float('nan'):12.3f}"
+    print(row)
 EOF
 cat "$out/ab.txt"
 exit $status
