@@ -165,16 +165,16 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     if constexpr (kFp8Math) {  // value tiles: the transposers, then both warpgroups; raw stages: the
                                // TMA, then the transposers and the owner's S
       for (int stage = 0; stage < kFp8ValueTiles; ++stage) {
-        mbarrier_init(&full[stage], kTransposerThreads);
+        mbarrier_init(&full[stage], kAlternatingProducerThreads);
         mbarrier_init(&empty[stage], kConsumerThreads);
       }
       for (int stage = 0; stage < kFp8RawStages; ++stage) {
         mbarrier_init(&landed[stage], 1);
-        mbarrier_init(&raw_empty[stage], 128 + kTransposerThreads);
+        mbarrier_init(&raw_empty[stage], 128 + kAlternatingProducerThreads);
       }
       fence_barrier_init();
     } else if constexpr (kFp8Cache) {
-      for (int stage = 0; stage < 2; ++stage) mbarrier_init(&full[stage], kWidenerThreads);
+      for (int stage = 0; stage < 2; ++stage) mbarrier_init(&full[stage], kAlternatingProducerThreads);
     }
   }
   // An FP8 tile lands on `landed`; the widener threads fill the stage and arrive on `full`.

@@ -187,7 +187,6 @@ struct ValueTransposer {
     }
   }
 };
-constexpr int kTransposerThreads = 128;
 
 // The alternating kernel's producer warpgroup with fp8 q and cache (`thread` 0..127): each
 // landed raw tile (raw stage tile % 2) is transposed into value tile tile % kFp8ValueTiles
@@ -234,7 +233,7 @@ __device__ __forceinline__ void load_and_transpose_value_tiles(const CUtensorMap
     const int next = tile + 2;
     if (thread == 0 && next < range.tiles) {
       const int stage = next % kFp8RawStages;
-      if (next >= kFp8RawStages) mbarrier_wait(&raw_empty[stage], (next / kFp8RawStages - 1) % 2);
+      mbarrier_wait(&raw_empty[stage], (next / kFp8RawStages - 1) % 2);  // held tile next - 2
       loader.issue(next, stage, &landed[stage]);
       if (next + 1 < range.tiles) loader.read_pages(next + 1);
     }

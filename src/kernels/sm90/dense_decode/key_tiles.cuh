@@ -41,21 +41,23 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid,
   }
 }
 
-// An FP8 key tile widened in place into the 16-bit swizzled tile, by the kWidenerThreads
+// An FP8 key tile widened in place into the 16-bit swizzled tile, by the kAlternatingProducerThreads
 // threads of the alternating kernel's producer warpgroup. The TMA lands raw block b (64 lines x
 // 64 bytes, plain) in the upper half of 16-bit block b, so widening block b overwrites only its
 // own raw bytes: before any thread writes block b, every thread holds its bytes of it in
 // registers (named barrier `barrier`). The loads of block b + 1 are issued right after that
 // barrier, so their latency hides behind block b's conversion and stores. Lines are widened
 // whether or not they hold keys (the consumers zero the lines past the sequence end).
-constexpr int kWidenerThreads = 128;
+// The alternating kernel's producer warpgroup: it issues the loads and, with an FP8 cache,
+// widens each tile (16-bit q, here) or transposes V (fp8 q, fp8_tiles.cuh).
+constexpr int kAlternatingProducerThreads = 128;
 constexpr int kRawInBlockOffset = kSwizzleBlockBytes / 2;  // 4 KB: the raw block in its 16-bit block
 static_assert(kTileKeys * 64 == kSwizzleBlockBytes - kRawInBlockOffset, "a raw block fills the upper half");
 template <bool kHalf>
 __device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int thread, int barrier) {
   constexpr int kUnits = kTileKeys * 8;  // 8 bytes (one 16-byte chunk once widened) per unit
-  constexpr int kLineStep = kWidenerThreads / 8, kUnitsPerThread = kUnits / kWidenerThreads;
-  static_assert(kUnitsPerThread * kWidenerThreads == kUnits && kLineStep % 8 == 0,
+  constexpr int kLineStep = kAlternatingProducerThreads / 8, kUnitsPerThread = kUnits / kAlternatingProducerThreads;
+  static_assert(kUnitsPerThread * kAlternatingProducerThreads == kUnits && kLineStep % 8 == 0,
                 "whole units per thread; a thread's lines share their swizzle (line % 8)");
   const int chunk = thread % 8, first_line = thread / 8;
   const int source = kRawInBlockOffset + first_line * 64 + chunk * 8;
@@ -71,7 +73,7 @@ __device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int threa
   load(0, bytes[0]);
 #pragma unroll
   for (int block = 0; block < kDimBlocks; ++block) {
-    sync_named(barrier, kWidenerThreads);  // every thread holds its bytes of raw block `block`
+    sync_named(barrier, kAlternatingProducerThreads);  // every thread holds its bytes of raw block `block`
     if (block + 1 < kDimBlocks) load(block + 1, bytes[(block + 1) % 2]);
 #pragma unroll
     for (int j = 0; j < kUnitsPerThread; ++j) {
@@ -275,9 +277,9 @@ __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, 
   }
 }
 
-// The alternating kernel's producer warpgroup with an FP8 cache (kWidenerThreads threads,
+// The alternating kernel's producer warpgroup with an FP8 cache (kAlternatingProducerThreads threads,
 // `thread` 0..127; thread 0 also issues the loads): two 16-bit stages, each tile landed raw
-// (on `landed`) and widened in place, then `full` (kWidenerThreads arrivals). Refills follow
+// (on `landed`) and widened in place, then `full` (kAlternatingProducerThreads arrivals). Refills follow
 // the consumers' pairs: tile a's stage comes back only after tile b's scores, i.e. after b
 // is widened, so once the pair's second tile is widened thread 0 waits for both stages and
 // issues the next pair (its first tile first).
@@ -369,7 +371,7 @@ constexpr bool register_split_fits(int threads, int consumers, int consumer_regi
 // The 64-row kernel (alternating_kernel.cuh): two consumer warpgroups and a
 // producer warpgroup.
 constexpr int kConsumerThreads = 256;                        // two warpgroups
-constexpr int kAlternatingThreads = kConsumerThreads + 128;  // + the producer warpgroup
+constexpr int kAlternatingThreads = kConsumerThreads + kAlternatingProducerThreads;
 // Registers per thread after the role split (setmaxnreg): 2 x 128 x 240 + 128 x 24 = 63 K.
 // The consumers hold 128 fp32 output accumulators each; the producer needs a handful.
 constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
@@ -388,7 +390,6 @@ static_assert(register_split_fits(kAlternatingThreads, kConsumerThreads, kConsum
                   register_split_fits(kAlternatingThreads, kConsumerThreads, kFp8MathConsumerRegisters, 128,
                                       kFp8MathProducerRegisters),
               "the consumers' setmaxnreg.inc must be satisfiable");
-static_assert(kWidenerThreads == kAlternatingThreads - kConsumerThreads, "the whole producer warpgroup widens");
 
 // The m64k16 A fragment of Q for k step `step` (dims 16 step ..), as wgmma takes A from
 // registers: warp w of the warpgroup holds rows 16 w + lane / 4 (+ 8), dims 2 (lane % 4) (+ 8).
