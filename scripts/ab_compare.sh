@@ -60,7 +60,7 @@ for round in $(seq "$rounds"); do
   done
 done
 
-# One line per case: the baseline's and the new tree's times of every round.
+# One line per case: every tree's times of every round, and each tree's best over the first tree's.
 python3 - "$out/ab-raw.txt" "${sides[@]}" >"$out/ab.txt" <<'EOF'
 import re, sys, collections
 sides = sys.argv[2:]
