@@ -41,6 +41,10 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid,
   }
 }
 
+// The alternating kernel's producer warpgroup: it issues the loads and, with an FP8 cache,
+// widens each tile (16-bit q, here) or transposes V (fp8 q, fp8_tiles.cuh).
+constexpr int kAlternatingProducerThreads = 128;
+
 // An FP8 key tile widened in place into the 16-bit swizzled tile, by the kAlternatingProducerThreads
 // threads of the alternating kernel's producer warpgroup. The TMA lands raw block b (64 lines x
 // 64 bytes, plain) in the upper half of 16-bit block b, so widening block b overwrites only its
@@ -48,9 +52,6 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid,
 // registers (named barrier `barrier`). The loads of block b + 1 are issued right after that
 // barrier, so their latency hides behind block b's conversion and stores. Lines are widened
 // whether or not they hold keys (the consumers zero the lines past the sequence end).
-// The alternating kernel's producer warpgroup: it issues the loads and, with an FP8 cache,
-// widens each tile (16-bit q, here) or transposes V (fp8 q, fp8_tiles.cuh).
-constexpr int kAlternatingProducerThreads = 128;
 constexpr int kRawInBlockOffset = kSwizzleBlockBytes / 2;  // 4 KB: the raw block in its 16-bit block
 static_assert(kTileKeys * 64 == kSwizzleBlockBytes - kRawInBlockOffset, "a raw block fills the upper half");
 template <bool kHalf>

@@ -56,7 +56,6 @@ struct SplitArgs {
   int batch;
 };
 
-// Barrier among `thread_count` threads (whole warps) on named barrier `id` (0 is __syncthreads').
 // 2^x in one MUFU.EX2, subnormal results flushed to zero (exp2f adds a range check and two
 // predicated multiplies per call for them). For the per-tile softmax, where a probability
 // below 2^-126 of the row's maximum changes nothing; -inf gives 0, NaN stays NaN.
@@ -66,6 +65,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return result;
 }
 
+// Barrier among `thread_count` threads (whole warps) on named barrier `id` (0 is __syncthreads').
 __device__ __forceinline__ void sync_named(int id, int thread_count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(thread_count) : "memory");
 }
