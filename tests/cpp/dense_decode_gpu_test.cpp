@@ -472,6 +472,7 @@ const DecodeCase kCoveringCases[] = {
     {2, 1, 16, 4096, 256, true, false},
     {6, 1, 1, 4096, 32, true, true},
     {1, 2, 128, 4096, 128, false, true},
+    {2, 4, 128, 4096, 64, true, true},  // 1024 rows x 8 splits: the warp-per-row combine of uniform plans
     {1, 8, 3, 4096, 16, false, true},
     with({2, 4, 16, 4096, 128, true, true}, [](DecodeCase& c) { c.softmax_scale = 2.0f; }),
     {64, 1, 16, 140, 64, true, false},

@@ -6,7 +6,7 @@
 // bf16 with the LSE in the requested base. Splits with l_i = -inf (no keys) are never read; a
 // row whose splits are all empty gets output 0 and LSE -inf; a NaN in any split makes the row NaN.
 //
-// dense_decode_combine_kernel (uniform plans: few rows, up to 128 splits, latency-bound):
+// dense_decode_combine_kernel (uniform plans with few rows, up to 128 splits, latency-bound):
 // a 128-thread block per (row, quarter of the 512 value columns). Every split's LSE is
 // read at once (one per thread) and the weights 2^(l_i - max) go to shared memory; then 4
 // groups of 32 threads each take every 4th split, a thread owning 4 columns, with all of its
@@ -14,9 +14,11 @@
 // memory. A block's time is then about two memory latencies, whatever the split count.
 //
 // dense_decode_combine_rows_kernel (balanced plans: up to B x Sq x Hq rows, at most
-// kBalancedSplits splits, only for requests that used more than one): a warp per row, a lane
-// owning 16 columns, all loads in flight; 8 rows per block, so that a batch of 32K rows is
-// 4K short blocks rather than 128K (a block per row quarter took longer to schedule than to run).
+// kBalancedSplits splits, only for requests that used more than one; and uniform plans with
+// at least kCombineRowsMinRows rows and at most 32 splits): a warp per row, a lane owning 16
+// columns, the loads of 4 splits in flight at a time; 8 rows per block, so that a batch of 32K
+// rows is 4K short blocks rather than 128K (a block per row quarter took longer to schedule
+// than to run: 40-90 us of D1 Hq128 B4's whole op on an H200, session 11).
 //
 // Limits: splits <= kMaxDecodeSplits; value dim 512.
 #pragma once
@@ -141,15 +143,26 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(S
 
 constexpr int kCombineRowsPerBlock = 8;  // one warp each
 constexpr int kCombineRowColumns = kLatentDim / 32;  // per lane
-static_assert(kBalancedSplits <= 32, "one split LSE per lane");
+constexpr int kCombineRowsMaxSplits = 32;           // one split LSE per lane
+constexpr int kCombineRowsSplitChunk = 4;           // splits whose loads are in flight together
+static_assert(kBalancedSplits <= kCombineRowsMaxSplits, "one split LSE per lane");
+// Uniform plans use the warp-per-row kernel from this many rows (B x Sq x Hq) on, if their split
+// count allows it: below it the block per row quarter has more parallelism for the few rows
+// (D4 / D5: 16-64 rows, up to 128 splits); above it that kernel's thousands of short blocks
+// cost more to schedule than to run (D1 Hq128 B4: 2048 rows x 4 splits, 8192 blocks).
+constexpr int64_t kCombineRowsMinRows = 512;
 
+// kMaxSplits: kBalancedSplits (balanced plans: the request's split count from split_counts)
+// or kCombineRowsMaxSplits (uniform plans: args.splits for every row).
+template <int kMaxSplits>
 __global__ void __launch_bounds__(32 * kCombineRowsPerBlock) dense_decode_combine_rows_kernel(SplitArgs args) {
+  static_assert(kMaxSplits <= kCombineRowsMaxSplits, "one split LSE per lane");
   wait_for_previous_grid();  // PDL: the split kernel's partial results and counts are visible
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kCombineRowsPerBlock + threadIdx.x / 32;  // (b, m)
   if (row >= int64_t(args.batch) * args.rows) return;
   const int batch_index = int(row / args.rows), m = int(row % args.rows);
-  const int splits = args.split_counts[batch_index];
+  const int splits = args.balanced ? args.split_counts[batch_index] : args.splits;
   if (splits <= 1) return;  // the attention kernel wrote this request's output and LSE itself
 
   const float split_lse = lane < splits ? args.partial_lse[partial_row_index(args, lane, batch_index, m)] : -INFINITY;
@@ -160,33 +173,45 @@ __global__ void __launch_bounds__(32 * kCombineRowsPerBlock) dense_decode_combin
   for (int mask = 16; mask > 0; mask /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, mask));
   // Empty splits (LSE -inf) have weight 0 and an unwritten output: never read.
   const float own_weight = split_lse != -INFINITY && !has_nan ? exp2f(split_lse - max_lse) : 0.0f;
-  float weights[kBalancedSplits], weight_sum = 0.0f;
   const float* first_split = partial_output_row(args, 0, batch_index, m) + lane * kCombineRowColumns;
   const int64_t split_floats = partial_rows_per_split(args) * kLatentDim;
-  float4 parts[kBalancedSplits][kCombineRowColumns / 4];
+  // Splits in chunks, each chunk's loads in flight at once; summed in split order, so the
+  // result is the same every run.
+  constexpr int kChunk = kMaxSplits < kCombineRowsSplitChunk ? kMaxSplits : kCombineRowsSplitChunk;
+  float4 sums[kCombineRowColumns / 4];
 #pragma unroll
-  for (int split = 0; split < kBalancedSplits; ++split) {
-    weights[split] = __shfl_sync(0xffffffffu, own_weight, split);
-    weight_sum += weights[split];
-    const float4* partial = reinterpret_cast<const float4*>(first_split + split * split_floats);
+  for (int quad = 0; quad < kCombineRowColumns / 4; ++quad) sums[quad] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float weight_sum = 0.0f;
+#pragma unroll 1
+  for (int first = 0; first < splits; first += kChunk) {
+    float weights[kChunk];
+    float4 parts[kChunk][kCombineRowColumns / 4];
 #pragma unroll
-    for (int quad = 0; quad < kCombineRowColumns / 4; ++quad) {
-      parts[split][quad] = weights[split] > 0.0f ? partial[quad] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = 0; j < kChunk; ++j) {
+      weights[j] = __shfl_sync(0xffffffffu, own_weight, first + j);  // 0 past `splits`
+      const float4* partial = reinterpret_cast<const float4*>(first_split + (first + j) * split_floats);
+#pragma unroll
+      for (int quad = 0; quad < kCombineRowColumns / 4; ++quad) {
+        parts[j][quad] = weights[j] > 0.0f ? partial[quad] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      weight_sum += weights[j];
+#pragma unroll
+      for (int quad = 0; quad < kCombineRowColumns / 4; ++quad) {
+        sums[quad].x += weights[j] * parts[j][quad].x;
+        sums[quad].y += weights[j] * parts[j][quad].y;
+        sums[quad].z += weights[j] * parts[j][quad].z;
+        sums[quad].w += weights[j] * parts[j][quad].w;
+      }
     }
   }
   const float inverse = weight_sum == 0.0f ? 0.0f : 1.0f / weight_sum;
   uint16_t* out = output_row(args, batch_index, m) + lane * kCombineRowColumns;
 #pragma unroll
   for (int quad = 0; quad < kCombineRowColumns / 4; ++quad) {
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int split = 0; split < kBalancedSplits; ++split) {
-      sum.x += weights[split] * parts[split][quad].x;
-      sum.y += weights[split] * parts[split][quad].y;
-      sum.z += weights[split] * parts[split][quad].z;
-      sum.w += weights[split] * parts[split][quad].w;
-    }
-    if (has_nan) sum = make_float4(NAN, NAN, NAN, NAN);
+    float4 sum = has_nan ? make_float4(NAN, NAN, NAN, NAN) : sums[quad];
     store_bf16_quad(out + 4 * quad, make_float4(sum.x * inverse, sum.y * inverse, sum.z * inverse, sum.w * inverse));
   }
   if (lane == 0) {

@@ -192,10 +192,14 @@ void dense_decode(const DenseDecodeParams& params) {
   // then overlaps the attention kernel (a balanced plan launches it even when no request was
   // split, to find that out).
   constexpr bool kCombineOverlaps = true;
+  const int64_t all_rows = int64_t(batch) * args.rows;
+  const int64_t row_blocks = (all_rows + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock;
   if (plan.balanced) {
-    const int64_t blocks = (int64_t(batch) * args.rows + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock;
-    launch_kernel(kOp, dense_decode_combine_rows_kernel, dim3(unsigned(blocks)), dim3(32 * kCombineRowsPerBlock), 0,
-                  stream, kCombineOverlaps, args);
+    launch_kernel(kOp, dense_decode_combine_rows_kernel<int(kBalancedSplits)>, dim3(unsigned(row_blocks)),
+                  dim3(32 * kCombineRowsPerBlock), 0, stream, kCombineOverlaps, args);
+  } else if (plan.splits > 1 && plan.splits <= kCombineRowsMaxSplits && all_rows >= kCombineRowsMinRows) {
+    launch_kernel(kOp, dense_decode_combine_rows_kernel<kCombineRowsMaxSplits>, dim3(unsigned(row_blocks)),
+                  dim3(32 * kCombineRowsPerBlock), 0, stream, kCombineOverlaps, args);
   } else if (plan.splits > 1) {
     launch_kernel(kOp, dense_decode_combine_kernel,
                   dim3(unsigned(int64_t(batch) * args.rows * kCombineColumnBlocks)), dim3(kCombineThreads), 0,
