@@ -2,9 +2,10 @@
 // query rows, in tiles of 16 or 32; else alternating_kernel.cuh, 64-row tiles) and the
 // instantiation for the dtypes, describes the cache to the TMA, plans the split-KV grid from
 // shapes alone (plan/decode_plan.h), and launches the attention kernel and, when the plan has
-// several splits, the combine kernel (combine_kernel.cuh: one for balanced plans, one for
-// uniform ones). Nothing here reads device memory or synchronises, so a call captures into a
-// CUDA graph and replays with new seq_lens and block tables.
+// several splits, the combine kernel (combine_kernel.cuh: a warp per row for balanced plans
+// and for uniform plans with many rows, a block per row quarter for uniform plans with few).
+// Nothing here reads device memory or synchronises, so a call captures into a CUDA graph and
+// replays with new seq_lens and block tables.
 #include "kernels/sm90/dense_decode/dense_decode.h"
 
 #include <cuda.h>
