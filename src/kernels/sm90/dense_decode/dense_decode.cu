@@ -203,7 +203,7 @@ void dense_decode(const DenseDecodeParams& params) {
                   dim3(32 * kCombineRowsPerBlock), 0, stream, kCombineOverlaps, args);
   } else if (plan.splits > 1) {
     launch_kernel(kOp, dense_decode_combine_kernel,
-                  dim3(unsigned(int64_t(batch) * args.rows * kCombineColumnBlocks)), dim3(kCombineThreads), 0,
+                  dim3(unsigned(all_rows * kCombineColumnBlocks)), dim3(kCombineThreads), 0,
                   stream, kCombineOverlaps, args);
   }
 }
