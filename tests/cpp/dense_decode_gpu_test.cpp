@@ -15,7 +15,11 @@
 // are cheap enough for compute-sanitizer; "Covering/" holds the rest.
 //
 // Tolerances (on the whole output, relative Frobenius; per row looser, to catch one bad row):
-//   q bf16 / fp16 (cache bf16, fp16 or fp8): out 1e-2, row 3e-2; LSE |a - e| <= 1e-3 (1 + |e|).
+//   q bf16 / fp16 (cache bf16, fp16 or fp8): out 1e-2, row 3e-2; LSE |a - e| <= 1e-3 (1 + |e|),
+//   3e-3 (1 + |e|) with an fp8 cache and at most 32 query rows (Sq x Hq): the narrow kernel
+//   computes S^T on e4m3 tensor cores, q as two e4m3 parts (~8 significant bits, about what
+//   rounding q to bf16 once more costs) with ~13-bit accumulation, and a row that sees few keys
+//   has its LSE off by its logits' error (measured: up to 7.5e-4 (1 + |e|), out <= 2.3e-3).
 //   q fp8 + cache fp8: out 4e-2, row 8e-2; LSE 5e-3 (1 + |e|). A kernel that runs P V on fp8
 //   tensor cores rounds the probabilities to e4m3 (3 mantissa bits): simulated on these inputs
 //   that alone gives 1.4-1.8% on the whole output and up to 3.2% on one row.
@@ -227,6 +231,7 @@ struct Tolerance {
   double out, out_row, lse;
 };
 constexpr Tolerance kHalfPrecision{1e-2, 3e-2, 1e-3};
+constexpr Tolerance kFp8CacheNarrow{1e-2, 3e-2, 3e-3};
 constexpr Tolerance kFp8Query{4e-2, 8e-2, 5e-3};
 
 // Keeps the largest error; a NaN, once seen, stays.
@@ -371,12 +376,18 @@ std::string case_name(const DecodeCase& c) {
 void PrintTo(const DecodeCase& c, std::ostream* stream) { *stream << case_name(c); }
 
 Tolerance tolerance_for(const DecodeCase& c) {
-  return c.q_dtype == DType::kFloat8E4M3 ? kFp8Query : kHalfPrecision;
+  if (c.q_dtype == DType::kFloat8E4M3) return kFp8Query;
+  const bool narrow = c.query_tokens * c.heads <= 32;  // the kernel choice (narrow_kernel.cuh)
+  return c.kv_dtype == DType::kFloat8E4M3 && narrow ? kFp8CacheNarrow : kHalfPrecision;
 }
 
 void expect_close(const DecodeInputs& inputs, const DecodeResult& actual,
                   const DecodeResult& expected, const Tolerance& tolerance) {
   const Comparison c = compare(inputs, actual, expected);
+  // The errors themselves, for the margins (--gtest_output=xml lists them per test).
+  ::testing::Test::RecordProperty("out_error", std::to_string(c.out_error));
+  ::testing::Test::RecordProperty("worst_row_error", std::to_string(c.worst_row_error));
+  if (inputs.with_lse) ::testing::Test::RecordProperty("worst_lse_error", std::to_string(c.worst_lse_error));
   EXPECT_TRUE(c.problem.empty()) << c.problem;
   EXPECT_LE(c.out_error, tolerance.out) << "whole output";  // NaN fails
   EXPECT_LE(c.worst_row_error, tolerance.out_row)

@@ -172,14 +172,17 @@ OPENMLA_DEFINE_WGMMA_RS(wgmma_64x256x16_a_registers_b_n_major, "m64n256k16", 128
                         "%132", "%133", ", 1")
 
 // e4m3 x e4m3 (k 32 per instruction; both operands K-major, the only layout wgmma takes for
-// 8-bit types), for the alternating kernel with fp8 q and cache (dense_decode/fp8_tiles.cuh).
+// 8-bit types), for the FP8 cache's products (dense_decode/fp8_tiles.cuh).
 // Descriptors with the 64-byte swizzle (make_descriptor_64b): one 64-byte line per row, a
 // 32-deep k step inside a line advances the start address by 32 bytes.
 #define OPENMLA_DEFINE_WGMMA_FP8_SS(NAME, SHAPE, N, A, B, ACCUMULATE)                          \
   __device__ __forceinline__ void NAME(float(&d)[N], uint64_t a, uint64_t b, bool accumulate) { \
     OPENMLA_WGMMA_SS(SHAPE, "e4m3.e4m3", N, A, B, ACCUMULATE, "");                               \
   }
-// D (64 x 64) += A (K-major) * B (K-major, [n][k]): S = Q K^T.
+// D (64 x N) += A (K-major) * B (K-major, [n][k]): S = Q K^T (N 64, the alternating kernel) and
+// S^T = K Q^T (N 16 / 32 / 64: the narrow kernel's query lines, dense_decode/fp8_tiles.cuh).
+OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x16x32_fp8, "m64n16k32", 8, "%8", "%9", "%10")
+OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x32x32_fp8, "m64n32k32", 16, "%16", "%17", "%18")
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x64x32_fp8, "m64n64k32", 32, "%32", "%33", "%34")
 // D (64 x 256) += A (K-major) * B (K-major: V^T, [dim][key]): O += P V, P from shared memory.
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x256x32_fp8, "m64n256k32", 128, "%128", "%129", "%130")

@@ -202,9 +202,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 
   float logit_scale = args.logit_scale_log2;
   if constexpr (kFp8Math) {
-    load_fp8_query_tile(args, batch_index, first_row, rows_here, query, 1);
+    load_e4m3_query_rows<kRowsPerTile, kConsumerThreads, false>(args, batch_index, first_row, rows_here, query, nullptr, 1);
   } else {
-    logit_scale *= load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kRowsPerTile, kConsumerThreads>(
+    logit_scale *= load_query_tile<kHalf, query_load<kHalf, kFp8Cache>(), kRowsPerTile, kConsumerThreads>(
         args, batch_index, first_row, rows_here, query, 1);
   }
   const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;

@@ -1,19 +1,14 @@
-// Dense MLA decode, FP8 cache: wgmma A fragments read straight from the raw e4m3 key tile and
-// widened to fp16 in registers, for the narrow kernel (narrow_kernel.cuh), whose two products
-// S^T = K Q^T and O^T = V^T P^T both take the key tile as A. No 16-bit copy of the tile is ever
-// written to shared memory: widening through shared memory (read 36 KB, write 72 KB, then
-// wgmma reads the 72 KB) serialised with the math and held the FP8 cache below the BF16 speed.
+// Dense MLA decode, FP8 cache: the wgmma A fragments of V^T read straight from the raw e4m3 key
+// tile and widened to fp16 in registers, for the narrow kernel's O^T = V^T P^T
+// (narrow_kernel.cuh; its S^T = K Q^T runs on e4m3 wgmma from the raw tile, fp8_tiles.cuh). No
+// 16-bit copy of the tile is ever written to shared memory: widening through shared memory
+// (read 36 KB, write 72 KB, then wgmma reads the 72 KB) serialised with the math and held the
+// FP8 cache below the BF16 speed.
 //
 // Raw tile: as the TMA lands it with the 64-byte swizzle, 9 blocks (64 dims each) of
 // [64 keys][64 bytes], the 16-byte chunk c of key k stored at chunk c ^ ((k / 2) % 4). The
-// swizzle is what makes both loads below conflict-free: ldmatrix's 8 rows (8 keys x 16 bytes)
-// and the value loads (4 keys x 8 dim words per warp) each fall on 32 distinct banks.
-//
-// K fragments (S^T: M = keys, k = dims). ldmatrix on the tile viewed as 16-bit pairs gives a
-// thread 4 consecutive dims 4 (lane % 4) .. + 3 of one key, whereas the fp16 fragment wants dims
-// 2 (lane % 4), + 1 and 2 (lane % 4) + 8, + 9. The order of k inside a 16-deep step is free as
-// long as B agrees, so fragment column 2 q + e holds dim 4 q + e and column 2 q + 8 + e holds
-// dim 4 q + 2 + e, and Q is stored in that order (interleave_query_pairs).
+// swizzle is what makes the value loads (4 keys x 8 dim words per warp) fall on 32 distinct
+// banks.
 //
 // V^T fragments (O^T: M = dims, k = keys). A thread needs 2 dims x 4 keys per fragment; it loads
 // 4 keys x 4 consecutive dims as 32-bit words and pairs the keys with byte permutes, so one load
@@ -28,9 +23,12 @@ namespace openmla::kernels::sm90 {
 
 constexpr int kRawBlockBytes = kTileKeys * 64;  // 64 keys x 64 dims of e4m3
 
-// Byte offset of (key, dim) in a raw FP8 tile landed with the 64-byte swizzle.
-__host__ __device__ constexpr int raw_fp8_offset(int key, int dim) {
-  return (dim / 64) * kRawBlockBytes + key * 64 + ((((dim % 64) / 16) ^ ((key / 2) % 4)) * 16) + dim % 16;
+// Byte offset of (line, dim) in an e4m3 tile of kLines lines stored as 9 blocks of [kLines][64
+// bytes] with the 64-byte swizzle: a raw key tile as the TMA lands it (64 lines), or Q as an
+// e4m3 operand (fp8_tiles.cuh load_e4m3_query_rows).
+template <int kLines = kTileKeys>
+__host__ __device__ constexpr int raw_fp8_offset(int line, int dim) {
+  return (dim / 64) * (kLines * 64) + line * 64 + ((((dim % 64) / 16) ^ ((line / 2) % 4)) * 16) + dim % 16;
 }
 
 // The k column of P^T (and of the V^T fragments) that holds tile key `key`; its own inverse.
@@ -43,41 +41,6 @@ __device__ __forceinline__ uint32_t widen_fp8_pair(uint32_t bytes) {
   const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bytes & 0xffffu), __NV_E4M3);
   return uint32_t(pair.x) | (uint32_t(pair.y) << 16);
 }
-
-// Four 8 x 8 matrices of 16-bit values; lane l gives the address of row l % 8 of matrix l / 8.
-// volatile + "memory": the tile is written by the TMA, so the loads must stay after the wait.
-__device__ __forceinline__ void load_matrices_x4(const uint8_t* row, uint32_t (&values)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(values[0]), "=r"(values[1]), "=r"(values[2]), "=r"(values[3])
-               : "r"(shared_address(row))
-               : "memory");
-}
-
-// A thread's place in the K fragments: the offsets of its ldmatrix row for even and odd pairs
-// of k steps (the swizzle makes the chunk a per-thread XOR).
-struct KeyFragmentReader {
-  int even, odd;
-  __device__ __forceinline__ KeyFragmentReader(int warp, int lane) {
-    const int key = 16 * warp + lane % 8 + 8 * ((lane / 8) % 2);
-    const int chunk = (lane / 16) ^ ((key / 2) % 4);
-    even = key * 64 + chunk * 16;
-    odd = key * 64 + (chunk ^ 2) * 16;
-  }
-  // The fp16 A fragments of k steps 2 pair and 2 pair + 1 (dims 32 pair .. + 31).
-  __device__ __forceinline__ void load(const uint8_t* raw, int pair, uint32_t (&first)[4],
-                                       uint32_t (&second)[4]) const {
-    uint32_t bytes[4];  // [matrix]: keys +0..7 / +8..15 of dims +0..15, then of dims +16..31
-    load_matrices_x4(raw + (pair / 2) * kRawBlockBytes + (pair % 2 == 0 ? even : odd), bytes);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      uint32_t(&fragment)[4] = half == 0 ? first : second;
-      fragment[0] = widen_fp8_pair(bytes[2 * half]);             // key g,     dims 4q, 4q + 1
-      fragment[1] = widen_fp8_pair(bytes[2 * half + 1]);         // key g + 8, dims 4q, 4q + 1
-      fragment[2] = widen_fp8_pair(bytes[2 * half] >> 16);       // key g,     dims 4q + 2, 4q + 3
-      fragment[3] = widen_fp8_pair(bytes[2 * half + 1] >> 16);  // key g + 8, dims 4q + 2, 4q + 3
-    }
-  }
-};
 
 // A thread's place in the V^T fragments.
 struct ValueFragmentReader {
@@ -118,21 +81,6 @@ struct ValueFragmentReader {
 // The dim that O^T accumulator row `row` (0..63) of M tile `tile` holds (see above).
 __host__ __device__ constexpr int value_dim_of_row(int tile, int row) {
   return 128 * (tile / 2) + 32 * (row / 16) + 4 * (row % 8) + 2 * (tile % 2) + (row / 8) % 2;
-}
-
-// Q's dims inside each 16-dim group into the K fragments' order: new words 0..3 = old words
-// 0, 2, 4, 6; new words 4..7 = old words 1, 3, 5, 7 (a word = 2 dims). By `threads` threads;
-// the caller fences and synchronises afterwards.
-template <int kLines>
-__device__ __forceinline__ void interleave_query_pairs(uint8_t* query, int thread, int threads) {
-  for (int unit = thread; unit < kLines * (kHeadDim / 16); unit += threads) {
-    const int line = unit / (kHeadDim / 16), dim = 16 * (unit % (kHeadDim / 16));
-    uint4* low = reinterpret_cast<uint4*>(query + tile_offset<kLines>(line, dim));
-    uint4* high = reinterpret_cast<uint4*>(query + tile_offset<kLines>(line, dim + 8));
-    const uint4 a = *low, b = *high;
-    *low = make_uint4(a.x, a.z, b.x, b.z);
-    *high = make_uint4(a.y, a.w, b.y, b.w);
-  }
 }
 
 // Key lines [first_invalid, 64) of a raw FP8 tile set to zero (whole 64-byte lines: the swizzle

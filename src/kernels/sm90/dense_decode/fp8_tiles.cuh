@@ -1,6 +1,8 @@
-// Dense MLA decode with fp8 q and an FP8 cache: the e4m3 operands of the alternating kernel's
-// FP8 tensor-core path (alternating_kernel.cuh, kFp8Math), where both products run on e4m3
-// wgmma (twice the 16-bit rate) and no 16-bit copy of a key tile is ever made.
+// Dense MLA decode with an FP8 cache: the e4m3 operands of the products that run on e4m3 wgmma
+// (twice the 16-bit rate), straight from the raw key tile: both products of the alternating
+// kernel with fp8 q (alternating_kernel.cuh, kFp8Math), where no 16-bit copy of a key tile is
+// ever made, and S^T of the narrow kernel (narrow_kernel.cuh; a bf16 q there is split into two
+// e4m3 parts, load_e4m3_query_rows).
 //
 // wgmma takes 8-bit operands K-major only. S = Q K^T is K-major as stored: Q (64 rows) and the
 // raw key tile (as the TMA lands it) are both 9 blocks of [64 lines][64 bytes] with the 64-byte
@@ -72,26 +74,88 @@ __device__ __forceinline__ int probability_offset(int row0, int lane, int step, 
   return raw_fp8_offset(row0 + 8 * (r % 2), 32 * step + 16 * (r / 2) + 4 * (lane % 4));
 }
 
-// The tile's query rows (fp8, copied as they are) into 9 blocks of [64 rows][64 bytes], 64-byte
-// swizzled, by the 256 consumer threads, which then meet at named barrier `barrier` (rows past
-// rows_here are zeros).
-__device__ __forceinline__ void load_fp8_query_tile(const SplitArgs& args, int batch_index, int first_row,
-                                                    int rows_here, uint8_t* query, int barrier) {
-  constexpr int kThreads = 256, kUnitsPerRow = kHeadDim / 8;  // 8-byte units
-  constexpr int kUnitsPerThread = kTileKeys * kUnitsPerRow / kThreads;
-  static_assert(kUnitsPerThread * kThreads == kTileKeys * kUnitsPerRow, "whole units per thread");
-  uint2 bytes[kUnitsPerThread];
+// Four floats (already scaled into e4m3's range) as e4m3 high parts and the e4m3 rounding of what
+// they leave, first value in the low byte: high + low keeps ~8 significant bits (bf16's), and
+// S = K (high + low) takes two e4m3 products where one 16-bit product would need every key
+// fragment widened. An inf becomes NaN (the row's logits are NaN, as with the 16-bit math).
+__device__ __forceinline__ void split_into_e4m3x4(const float (&values)[4], uint32_t& high, uint32_t& low) {
+  high = low = 0;
 #pragma unroll
-  for (int j = 0; j < kUnitsPerThread; ++j) {
-    const int unit = threadIdx.x + j * kThreads, row = unit / kUnitsPerRow, dim = (unit % kUnitsPerRow) * 8;
-    bytes[j] = row < rows_here
-                   ? *reinterpret_cast<const uint2*>(args.q + query_row_offset(args, batch_index, first_row + row) + dim)
-                   : make_uint2(0, 0);
+  for (int pair = 0; pair < 2; ++pair) {
+    float first = values[2 * pair], second = values[2 * pair + 1];
+    first = fabsf(first) <= FLT_MAX ? first : NAN;  // satfinite would make inf 448
+    second = fabsf(second) <= FLT_MAX ? second : NAN;
+    const __nv_fp8x2_storage_t top = __nv_cvt_float2_to_fp8x2(make_float2(first, second), __NV_SATFINITE, __NV_E4M3);
+    const float2 rounded = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(top, __NV_E4M3)));
+    const __nv_fp8x2_storage_t rest = __nv_cvt_float2_to_fp8x2(
+        make_float2(first - rounded.x, second - rounded.y), __NV_SATFINITE, __NV_E4M3);
+    high |= uint32_t(top) << (16 * pair);
+    low |= uint32_t(rest) << (16 * pair);
   }
+}
+
+// The tile's query rows as the e4m3 operand of S (the alternating kernel, 64 lines) or S^T (the
+// narrow kernel, 16 / 32 lines): 9 blocks of [lines][64 bytes], 64-byte swizzled
+// (raw_fp8_offset), by kThreads threads, which then meet at named barrier `barrier`; rows past
+// rows_here are zeros. kThreads / kRows consecutive threads share a row (its loads are
+// contiguous, its maximum a few shuffles).
+// - fp8 q (kSplit false): copied as it is, kRows lines.
+// - bf16 q (kSplit true): 2 kRows lines, line r the high e4m3 parts of row r and line kRows + r
+//   the low ones (split_into_e4m3x4), after scaling the row by 2^-s so that its largest finite
+//   |q| lies in [128, 256) (per row: a tiny row beside a huge one keeps its precision);
+//   row_factors[r] = 2^s, which its logits must be multiplied by.
+template <int kRows, int kThreads, bool kSplit>
+__device__ __forceinline__ void load_e4m3_query_rows(const SplitArgs& args, int batch_index, int first_row,
+                                                     int rows_here, uint8_t* query, float* row_factors, int barrier) {
+  constexpr int kThreadsPerRow = kThreads / kRows, kUnits = kHeadDim / 8 / kThreadsPerRow;  // 8-dim units
+  static_assert(kThreadsPerRow * kRows == kThreads && kUnits * kThreadsPerRow * 8 == kHeadDim, "whole units");
+  constexpr int kLines = kSplit ? 2 * kRows : kRows;
+  const int thread = threadIdx.x % kThreads, row = thread / kThreadsPerRow, lead = thread % kThreadsPerRow;
+  const bool present = row < rows_here;
+  const int64_t row_offset = present ? query_row_offset(args, batch_index, first_row + row) : 0;
+  auto dim_of = [&](int j) { return 8 * (lead + kThreadsPerRow * j); };
+  if constexpr (!kSplit) {
+    uint2 bytes[kUnits];
 #pragma unroll
-  for (int j = 0; j < kUnitsPerThread; ++j) {
-    const int unit = threadIdx.x + j * kThreads;
-    *reinterpret_cast<uint2*>(query + raw_fp8_offset(unit / kUnitsPerRow, (unit % kUnitsPerRow) * 8)) = bytes[j];
+    for (int j = 0; j < kUnits; ++j) {
+      bytes[j] = present ? *reinterpret_cast<const uint2*>(args.q + row_offset + dim_of(j)) : make_uint2(0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kUnits; ++j) *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(row, dim_of(j))) = bytes[j];
+  } else {
+    uint4 values[kUnits];
+    float largest = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kUnits; ++j) {
+      values[j] = present ? *reinterpret_cast<const uint4*>(args.q + 2 * (row_offset + dim_of(j))) : make_uint4(0, 0, 0, 0);
+      const uint32_t words[4] = {values[j].x, values[j].y, values[j].z, values[j].w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        // Finite values only: an inf or NaN reaches the row's logits through itself.
+        const float first = fabsf(__uint_as_float(words[w] << 16)), second = fabsf(__uint_as_float(words[w] & 0xffff0000u));
+        largest = fmaxf(largest, fmaxf(first <= FLT_MAX ? first : 0.0f, second <= FLT_MAX ? second : 0.0f));
+      }
+    }
+#pragma unroll
+    for (int mask = 1; mask < kThreadsPerRow; mask *= 2) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, mask));
+    const int shift = largest > 0.0f ? max(-126, ilogbf(largest) - 7) : 0;
+    const float down = __int_as_float((127 - shift) << 23);  // 2^-shift, exact
+    if (lead == 0) row_factors[row] = __int_as_float((127 + shift) << 23);
+#pragma unroll
+    for (int j = 0; j < kUnits; ++j) {
+      const uint32_t words[4] = {values[j].x, values[j].y, values[j].z, values[j].w};
+      uint32_t high[2], low[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float scaled[4] = {__uint_as_float(words[2 * half] << 16) * down,
+                                 __uint_as_float(words[2 * half] & 0xffff0000u) * down,
+                                 __uint_as_float(words[2 * half + 1] << 16) * down,
+                                 __uint_as_float(words[2 * half + 1] & 0xffff0000u) * down};
+        split_into_e4m3x4(scaled, high[half], low[half]);
+      }
+      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(row, dim_of(j))) = make_uint2(high[0], high[1]);
+      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(kRows + row, dim_of(j))) = make_uint2(low[0], low[1]);
+    }
   }
   fence_shared_for_async_proxy();
   sync_named(barrier, kThreads);

@@ -84,15 +84,15 @@ __device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int threa
   }
 }
 
-// How a kernel gets Q into its 16-bit math type.
+// How a kernel gets a 16-bit q into its 16-bit math type (an fp8 q takes the e4m3 paths:
+// fp8_tiles.cuh load_e4m3_query_rows).
 enum class QueryLoad {
   kCopy,        // q already has the math type (bf16 with a bf16 cache, fp16 with fp16)
-  kWidenFp8,    // fp8 q: widened exactly
   kBf16ToHalf,  // bf16 q, fp8 cache (math in fp16): q * 2^-s with s from the tile's amax
 };
-template <bool kHalf, bool kFp8Q, bool kFp8Cache>
+template <bool kHalf, bool kFp8Cache>
 constexpr QueryLoad query_load() {
-  return kFp8Q ? QueryLoad::kWidenFp8 : (kHalf && kFp8Cache ? QueryLoad::kBf16ToHalf : QueryLoad::kCopy);
+  return kHalf && kFp8Cache ? QueryLoad::kBf16ToHalf : QueryLoad::kCopy;
 }
 
 // The tile's query rows into the swizzled layout (kLines lines) in the math type, by `kThreads`
@@ -120,15 +120,7 @@ __device__ __forceinline__ float load_query_tile(const SplitArgs& args, int batc
     return query + tile_offset<kLines>(unit / kUnitsPerLine, (unit % kUnitsPerLine) * 8);
   };
   float logit_factor = 1.0f;
-  if constexpr (kMode == QueryLoad::kWidenFp8) {
-    uint2 bytes[kUnitsPerThread];
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) {
-      bytes[j] = offsets[j] >= 0 ? *reinterpret_cast<const uint2*>(args.q + offsets[j]) : make_uint2(0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) *reinterpret_cast<uint4*>(destination(j)) = widen_fp8x8<kHalf>(bytes[j]);
-  } else if constexpr (kMode == QueryLoad::kBf16ToHalf) {
+  if constexpr (kMode == QueryLoad::kBf16ToHalf) {
     __shared__ int largest_bits;  // max |q| of the tile, as the bits of a non-negative float
     uint4 values[kUnitsPerThread];
     float largest = 0.0f;

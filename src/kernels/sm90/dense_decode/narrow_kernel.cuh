@@ -10,26 +10,32 @@
 // alternating kernel: key_tiles.cuh). A 16-bit cache has one consumer warpgroup; an FP8 cache has
 // three (16 rows) or two (32 rows) that take the tiles in turn, each with its own online
 // softmax and O^T, merged at the end: one warpgroup's chain of dependent steps per tile
-// (fragment loads, wgmma, softmax) is longer than an FP8 tile takes to stream in (1 / 2 / 3
-// warpgroups measured 0.47 / 0.68 / 0.80 of the copy rate on D2 Hq 16, H200).
+// (wgmma, softmax, V^T fragment loads) is longer than an FP8 tile takes to stream in (1 / 2 / 3
+// warpgroups measured 0.47 / 0.68 / 0.80 of the copy rate on D2 Hq 16, H200, when S^T's
+// fragments were widened in registers too).
 // Tiling: key tiles of 64 tokens.
 // - S^T (64 keys x kRows): wgmma m64nNk16, 36 steps; A = the K tile (K-major), B = Q. With an
-//   FP8 cache, A comes from registers: each k step's fragment is read from the raw e4m3 tile
-//   (ldmatrix) and widened to fp16 there (fp8_fragments.cuh; Q is stored with the dims of
-//   every 16-dim group in the fragments' order).
+//   FP8 cache, e4m3 wgmma m64nNk32, 18 steps, A = the raw tile as the TMA landed it, B = Q's
+//   e4m3 lines: an fp8 q as it is (N = kRows), a bf16 q as high and low e4m3 parts (N = 2 kRows,
+//   summed after; a power-of-two factor per row, fp8_tiles.cuh load_e4m3_query_rows); the steps
+//   accumulate in 3 (16 rows) or 2 (32 rows) segments added in fp32, for precision. (Until
+//   session 12 each k step's A fragment was read from the raw tile and widened to fp16 in
+//   registers, a chain of ldmatrix, cvt and wgmma per step: FP8 D2 Hq 16 / 32 ran 11% / 23%
+//   slower on an H200.)
 // - softmax over keys (the M direction): row maxima reduced across the 8 lanes that share a
 //   row, then across the 4 warps through shared memory; P^T written to shared memory.
 // - O^T (512 dims x kRows) += V^T P^T: 8 x 4 wgmma m64nNk16 per tile, A = V read M-major
 //   (tnspA) from the same K tile, B = P^T; 4 kRows fp32 accumulators per thread. FP8 cache: A
 //   from registers again (4 keys x 4 dims per thread, keys paired by byte permutes), so P^T's
 //   keys and O^T's dims are stored in the fragments' order and O^T's dims restored at the end.
-// Shared memory: Q (9 swizzled blocks of kRows lines), P^T per warpgroup, and two 72 KB key
+// Shared memory: Q (9 swizzled blocks of kRows 128-byte lines, or with an FP8 cache of up to
+// 2 kRows 64-byte lines), P^T per warpgroup, a logit factor per row, and two 72 KB key
 // stages (16-bit cache) or five / four raw 36 KB stages (FP8 cache: nothing is widened in
 // shared memory, and the spare room keeps more bytes in flight). 32-row tiles with a 16-bit
 // cache moved D2 Hq 32 off the 64-row kernel (431 -> 419 us on an H100, as fast as Hq 16).
 // Pipeline: the next tiles stream in while tile t is computed; two warpgroup barriers per tile
-// (three when the tile is partial). With an FP8 cache the fragments of batch i + 1 (4 wgmma) are
-// loaded and widened while batch i runs, and a stage is released as soon as its last bytes
+// (three when the tile is partial). With an FP8 cache the V^T fragments of batch i + 1 (4 wgmma)
+// are loaded and widened while batch i runs, and a stage is released as soon as its last bytes
 // are in registers.
 // Softmax, epilogue: as the alternating kernel (base-2 online softmax with -inf guards; one split
 // writes bf16 output and LSE, several write fp32 partials for the combine step). The output
@@ -37,7 +43,7 @@
 // Limits: Sq * Hq <= 32 (tiles of 16 or 32 rows).
 #pragma once
 
-#include "kernels/sm90/dense_decode/fp8_fragments.cuh"
+#include "kernels/sm90/dense_decode/fp8_tiles.cuh"
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
 #include "kernels/sm90/launch_dependencies.cuh"
@@ -74,8 +80,9 @@ struct NarrowLayout {
   static constexpr int kProbabilities = kKeys + kStages * kStageBytes;  // P^T per group
   static constexpr int kExchange = kProbabilities + kGroups * kRows * 128;  // [group][4 warps][kRows]
   static constexpr int kMerge = kExchange + kGroups * 4 * kRows * 4;  // [group][max, sum][kRows]
+  static constexpr int kRowFactors = kMerge + kGroups * 2 * kRows * 4;  // [kRows]: bf16 q, FP8 cache
   // full[kStages x kGroups], empty[kStages], then the consumers' barrier
-  static constexpr int kBarriers = kMerge + kGroups * 2 * kRows * 4;
+  static constexpr int kBarriers = kRowFactors + kRows * 4;
   static constexpr int kBytes = kBarriers + (kStages * kGroups + kStages + 1) * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
   // After the last tile the output is staged in the key stages: [kRows][512] floats.
@@ -106,7 +113,7 @@ struct ConsumerBarrier {
   }
 };
 
-// Register buffers of A fragments in the FP8 loops (2: the 160 registers of three warpgroups).
+// Register buffers of V^T fragments in the FP8 O^T loop (2: the 160 registers of three warpgroups).
 constexpr int kFragmentBuffers = 2;
 
 // D (64 x kRows) += A (an m64k16 fragment in registers) * B (K-major, kRows lines).
@@ -139,15 +146,27 @@ __device__ __forceinline__ void wgmma_rows_a_m_major(float (&d)[kRows / 2], uint
   }
 }
 
+// D (64 x kLines) += A (K-major e4m3: the raw key tile) * B (K-major e4m3: Q's lines), k 32.
+template <int kLines>
+__device__ __forceinline__ void wgmma_lines_fp8(float (&d)[kLines / 2], uint64_t a, uint64_t b, bool accumulate) {
+  if constexpr (kLines == 16) {
+    wgmma_64x16x32_fp8(d, a, b, accumulate);
+  } else if constexpr (kLines == 32) {
+    wgmma_64x32x32_fp8(d, a, b, accumulate);
+  } else {
+    static_assert(kLines == 64, "16, 32 or 64 query lines");
+    wgmma_64x64x32_fp8(d, a, b, accumulate);
+  }
+}
+
 template <bool kHalf, bool kFp8Q, bool kFp8Cache, int kRows>
 __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     dense_decode_narrow_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
   using Layout = NarrowLayout<kFp8Cache, kRows>;
   constexpr int kSlots = kRows / 4;  // query rows per thread (accumulator columns)
-  // Independent accumulator chains of S^T (16-bit cache: 4; FP8 16 rows: 2; FP8 32 rows: none
-  // spare). They measured no faster (the tensor pipe overlaps dependent wgmma anyway), but one
-  // chain makes ptxas spill in the FP8 16-row instantiation at 160 registers.
-  constexpr int kChains = !kFp8Cache ? 4 : (kRows == 16 ? 2 : 1);
+  // Q's e4m3 lines with an FP8 cache: a bf16 q's high and low parts (fp8_tiles.cuh).
+  constexpr int kQueryLines = kFp8Q ? kRows : 2 * kRows;
+  constexpr int kFp8Segments = kRows == 16 ? 3 : 2;  // of S^T's e4m3 steps (below)
   static_assert(kHalf || !kFp8Cache, "an FP8 cache computes in fp16");
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
@@ -193,17 +212,17 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   float* exchange = reinterpret_cast<float*>(shared + Layout::kExchange) + group * 4 * kRows;
   float* merge = reinterpret_cast<float*>(shared + Layout::kMerge);
 
-  // Q by the first warpgroup (the others wait at the consumer barrier below).
-  __shared__ float logit_factor;
+  // Q by the first warpgroup (the others wait at the consumer barrier below): with an FP8 cache
+  // as e4m3 lines, a bf16 q as high and low parts with a power-of-two factor per row.
+  float* row_factors = reinterpret_cast<float*>(shared + Layout::kRowFactors);
   if (group == 0) {
-    const float factor = load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kRows,
-                                         kNarrowGroupThreads>(args, batch_index, 0, rows_here, query, 1);
-    if constexpr (kFp8Cache) interleave_query_pairs<kRows>(query, threadIdx.x, kNarrowGroupThreads);
-    if (threadIdx.x == 0) logit_factor = factor;
-    fence_shared_for_async_proxy();
+    if constexpr (kFp8Cache) {
+      load_e4m3_query_rows<kRows, kNarrowGroupThreads, !kFp8Q>(args, batch_index, 0, rows_here, query, row_factors, 1);
+    } else {
+      load_query_tile<kHalf, QueryLoad::kCopy, kRows, kNarrowGroupThreads>(args, batch_index, 0, rows_here, query, 1);
+    }
   }
   consumers.sync();
-  const float logit_scale = args.logit_scale_log2 * logit_factor;
 
   // Accumulator element i of this thread: key (M) 16 warp + lane / 4 + 8 ((i / 2) % 2), query
   // row (N) 8 (i / 4) + 2 (lane % 4) + i % 2. A thread holds kSlots rows ("slots"
@@ -211,8 +230,12 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   auto slot_of = [](int i) { return 2 * (i / 4) + i % 2; };
   auto row_of_slot = [lane](int slot) { return 8 * (slot / 2) + 2 * (lane % 4) + slot % 2; };
   int visible[kSlots];
+  float logit_scale[kSlots];
 #pragma unroll
-  for (int slot = 0; slot < kSlots; ++slot) visible[slot] = row_visible_end(args, range, 0, row_of_slot(slot), rows_here);
+  for (int slot = 0; slot < kSlots; ++slot) {
+    visible[slot] = row_visible_end(args, range, 0, row_of_slot(slot), rows_here);
+    logit_scale[slot] = args.logit_scale_log2 * (kFp8Cache && !kFp8Q ? row_factors[row_of_slot(slot)] : 1.0f);
+  }
 
   float output[kLatentDim / 64][kRows / 2];  // O^T: 8 M tiles of 64 dims x kRows
 #pragma unroll
@@ -227,12 +250,8 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     running_sum[slot] = 0.0f;
   }
 
-  const uint64_t query_descriptor = make_descriptor(query, 16, 1024);
+  const uint64_t query_descriptor = kFp8Cache ? make_descriptor_64b(query, 512) : make_descriptor(query, 16, 1024);
   const uint64_t probability_descriptor = make_descriptor(probabilities, 16, 1024);
-  auto query_step = [&](int k) {  // B of k step k: dims 16 k ..
-    return advance_descriptor(query_descriptor, (k / 4) * (kRows * 128) + (k % 4) * 32);
-  };
-  const KeyFragmentReader key_reader(warp, lane);      // FP8 cache only
   const ValueFragmentReader value_reader(warp, lane);  // FP8 cache only
 
   for (int tile = group; tile < range.tiles; tile += Layout::kGroups) {
@@ -251,54 +270,64 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
       sync_narrow_group(group);
     }
 
-    // S^T = K Q^T, its 36 k steps spread over kChains independent accumulators (summed
-    // below): one chain of dependent wgmma is latency-bound at these small N.
-    float chains[kChains][kRows / 2];
+    float scores[kRows / 2];
     if constexpr (kFp8Cache) {
-      // Batches of 4 k steps in kFragmentBuffers register buffers: batch i + 1 is read and
-      // widened while batch i multiplies.
-      constexpr int kBatches = kHeadDim / 64;
-      uint32_t fragments[kFragmentBuffers][4][4];
-      auto load_batch = [&](int batch, uint32_t(&into)[4][4]) {
-        key_reader.load(keys, 2 * batch, into[0], into[1]);
-        key_reader.load(keys, 2 * batch + 1, into[2], into[3]);
-      };
-      load_batch(0, fragments[0]);
+      // S^T = K Q^T on e4m3 wgmma, 18 k steps of 32 dims, straight from the raw tile as the TMA
+      // landed it; a bf16 q's high and low parts are separate query lines, summed here. In
+      // kFp8Segments segments of steps, each accumulated afresh and added to the scores in fp32:
+      // e4m3 wgmma adds each step to its accumulator at reduced precision (truncated to ~13
+      // bits), and one chain of 18 steps moved LSEs by up to 8e-4 (1 + |LSE|). (Independent
+      // accumulators instead of segments made ptxas spill in the 32-row kernel.)
+      constexpr int kSegmentSteps = kHeadDim / 32 / kFp8Segments;
+      static_assert(kSegmentSteps * kFp8Segments * 32 == kHeadDim, "whole segments");
+      // (An array per segment: with one array reused, ptxas took the first segment's values for
+      // the later segments' sums.)
+      float terms[kFp8Segments][kQueryLines / 2];
+      const uint64_t key_descriptor = make_descriptor_64b(keys, 512);
 #pragma unroll
-      for (int batch = 0; batch < kBatches; ++batch) {
-        wgmma_fence();  // this batch's fragments were just written
+      for (int segment = 0; segment < kFp8Segments; ++segment) {
+        wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int step = 4 * batch + k;
-          wgmma_rows_a_registers<kHalf, kRows>(chains[step % kChains], fragments[batch % kFragmentBuffers][k],
-                                               query_step(step), step >= kChains);
+        for (int k = 0; k < kSegmentSteps; ++k) {
+          const int step = segment * kSegmentSteps + k, offset = (step % 2) * 32;
+          wgmma_lines_fp8<kQueryLines>(terms[segment],
+                                       advance_descriptor(key_descriptor, (step / 2) * kRawBlockBytes + offset),
+                                       advance_descriptor(query_descriptor, (step / 2) * (kQueryLines * 64) + offset),
+                                       k > 0);
         }
         wgmma_commit();
-        if (batch + 1 < kBatches) {
-          wgmma_wait<kFragmentBuffers - 1>();  // the batch that used these registers is done
-          load_batch(batch + 1, fragments[(batch + 1) % kFragmentBuffers]);
+        wgmma_wait<0>();
+        fence_accumulators(terms[segment]);
+#pragma unroll
+        for (int i = 0; i < kRows / 2; ++i) {
+          const float sum = kFp8Q ? terms[segment][i] : terms[segment][i] + terms[segment][i + kRows / 2];
+          scores[i] = segment == 0 ? sum : scores[i] + sum;
         }
       }
     } else {
+      // S^T = K Q^T, its 36 k steps spread over independent accumulators (summed below): one
+      // chain of dependent wgmma is latency-bound at these small N.
+      constexpr int kChains = 4;
+      float chains[kChains][kRows / 2];
       const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);
       wgmma_fence();
 #pragma unroll
       for (int step = 0; step < kHeadDim / 16; ++step) {
         wgmma_rows<kHalf, kRows>(chains[step % kChains],
                               advance_descriptor(key_descriptor, (step / 4) * kSwizzleBlockBytes + (step % 4) * 32),
-                              query_step(step), step >= kChains);
+                              advance_descriptor(query_descriptor, (step / 4) * (kRows * 128) + (step % 4) * 32),
+                              step >= kChains);
       }
       wgmma_commit();
-    }
-    wgmma_wait<0>();
-    float scores[kRows / 2];
+      wgmma_wait<0>();
 #pragma unroll
-    for (int chain = 0; chain < kChains; ++chain) fence_accumulators(chains[chain]);
+      for (int chain = 0; chain < kChains; ++chain) fence_accumulators(chains[chain]);
 #pragma unroll
-    for (int i = 0; i < kRows / 2; ++i) {
-      scores[i] = chains[0][i];
+      for (int i = 0; i < kRows / 2; ++i) {
+        scores[i] = chains[0][i];
 #pragma unroll
-      for (int chain = 1; chain < kChains; ++chain) scores[i] += chains[chain][i];
+        for (int chain = 1; chain < kChains; ++chain) scores[i] += chains[chain][i];
+      }
     }
 
     // Online softmax over keys, base 2.
@@ -308,7 +337,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kRows / 2; ++i) {
       const int key = first_key + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-      scores[i] = key < visible[slot_of(i)] ? scores[i] * logit_scale : -INFINITY;
+      scores[i] = key < visible[slot_of(i)] ? scores[i] * logit_scale[slot_of(i)] : -INFINITY;
       tile_max[slot_of(i)] = fmaxf(tile_max[slot_of(i)], scores[i]);
     }
 #pragma unroll
