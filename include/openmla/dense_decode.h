@@ -6,14 +6,14 @@
 // (bottom-right aligned); without, it sees all seq_lens[b] keys. Key t of request b lives in
 // kv_cache[block_table[b][t / page_size], t % page_size]. Entries of block_table past a
 // request's last page are never read. seq_lens[b] == 0 gives output 0 and LSE -inf.
-// Precision: a 16-bit cache computes in bf16 / fp16 with fp32 accumulation. An FP8 cache runs
-// the products on FP8 tensor cores, which accumulate each 32-deep step at reduced precision
-// (~13 bits): a bf16 q enters S as two e4m3 parts (~8 significant bits, as bf16 has), and with
-// more than 32 query rows per request (Sq x Hq) the probabilities do too (with at most 32, P V
-// runs in fp16); measured beyond the error of the fp8 cache itself: up to ~3e-3 relative on the
-// output and ~2e-3 (1 + |LSE|) on the LSE (the tests allow 1e-2 and 3e-3). fp8 q with an FP8
-// cache and more than 32 rows rounds the probabilities to one e4m3 part: about 1.5-2% on the
-// output (the tests allow 4%).
+// Precision: a 16-bit cache computes in bf16 / fp16 with fp32 accumulation. An FP8 cache with
+// a 16-bit q computes P V in fp16 (e4m3 widens exactly); with at most 32 query rows per request
+// (Sq x Hq) S runs on FP8 tensor cores, q as two e4m3 parts (~8 significant bits, as bf16 has)
+// accumulated at ~13 bits per step: up to ~2e-3 relative on the output and ~1e-3 (1 + |LSE|)
+// on the LSE beyond the error of the fp8 cache itself (the tests allow 1e-2 and 3e-3). fp8 q
+// with an FP8 cache and more than 32 rows runs both products on FP8 tensor cores with the
+// probabilities rounded to e4m3: about 1.5-2% on the output, growing with the keys of one split
+// (~1% at 16K keys; the tests allow 4%).
 #pragma once
 
 #include "openmla/common.h"

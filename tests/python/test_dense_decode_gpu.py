@@ -7,8 +7,12 @@
 # requests and (causal) requests shorter than Sq, outputs poisoned before the call.
 #
 # Tolerances: relative Frobenius on the whole output, 3x that on any one row; LSE
-# |a - e| <= t + t |e|. q bf16: 1e-2, LSE 1e-3. q fp8 (cache fp8): 4e-2, LSE 5e-3, because P V on
-# fp8 tensor cores rounds the probabilities to e4m3 (3 mantissa bits).
+# |a - e| <= t + t |e|. q bf16: 1e-2, LSE 1e-3, with an fp8 cache LSE 3e-3 (with <= 32 rows the
+# narrow kernel computes S^T on fp8 tensor cores, q as two e4m3 parts, accumulating at ~13 bits
+# per step; a row that sees few keys has its LSE off by its logits' error). q fp8 (cache fp8):
+# 4e-2, LSE 5e-3, because P V on fp8 tensor cores rounds the probabilities to e4m3 (3 mantissa
+# bits) and accumulates at ~13 bits per step (the error grows with the keys of a split: the
+# one-split cases below).
 import math
 
 import pytest
@@ -101,8 +105,11 @@ def _reference(q, kv_cache, block_table, seq_lens, causal):
     return out, lse
 
 
-def _check(out, lse, expected_out, expected_lse, q_dtype, base2=False):
-    tolerance, lse_tolerance = (4e-2, 5e-3) if q_dtype == FP8 else (1e-2, 1e-3)
+def _check(out, lse, expected_out, expected_lse, q_dtype, base2=False, kv_dtype=torch.bfloat16):
+    if q_dtype == FP8:
+        tolerance, lse_tolerance = 4e-2, 5e-3
+    else:
+        tolerance, lse_tolerance = 1e-2, (3e-3 if kv_dtype == FP8 else 1e-3)
     empty = torch.isneginf(expected_lse)
     assert not empty.all(), "every row is empty: the case tests nothing"
     assert torch.equal(out[empty].float(), torch.zeros_like(out[empty], dtype=torch.float32)), \
@@ -112,8 +119,13 @@ def _check(out, lse, expected_out, expected_lse, q_dtype, base2=False):
     difference = (out.float() - expected_out).norm(dim=-1)[~empty]
     row_errors = difference / expected_out.norm(dim=-1)[~empty]
     worst = row_errors.max().item()
+    print(f"relative error {error:.3e}, worst row {worst:.3e}")  # shown with -s or on failure
     assert worst < 3 * tolerance, f"worst row relative error {worst}"
     if lse is not None:
+        expected = expected_lse.double() / (math.log(2) if base2 else 1.0)
+        finite = ~torch.isinf(expected)
+        lse_error = ((lse.double() - expected).abs() / (1 + expected.abs()))[finite].max().item()
+        print(f"LSE error {lse_error:.3e} (1 + |e|)")
         assert_close_lse(lse, expected_lse.double(), base2=base2, tolerance=lse_tolerance)
 
 
@@ -143,6 +155,13 @@ def _lengths(batch, longest, varlen, query_tokens, generator):
                      id="B1-Sq1-Hq16-Lk32768-page16-fp8cache"),
         pytest.param(8, 2, 128, 8192, True, True, 128, FP8, FP8, False, False,
                      id="B8-Sq2-Hq128-Lk8192-varlen-causal-page128-fp8q-fp8cache"),
+        # 132 CTAs (66 requests x 2 row tiles) fill the GPU: one split each, so every CTA runs
+        # 256 tiles into one output accumulator; with fp8 q (P V on e4m3 tensor cores, ~13 bits
+        # per step) the longest such chain of the suite.
+        pytest.param(66, 1, 128, 16384, False, False, 64, torch.bfloat16, FP8, False, False,
+                     id="B66-Sq1-Hq128-Lk16384-page64-fp8cache-one-split"),
+        pytest.param(66, 1, 128, 16384, False, False, 64, FP8, FP8, False, False,
+                     id="B66-Sq1-Hq128-Lk16384-page64-fp8q-fp8cache-one-split"),
     ])
 def test_mla_decode_gpu_matches_float32_reference(generator, batch, query_tokens, heads,
                                                   longest, varlen, causal, page_size, q_dtype,
@@ -162,7 +181,7 @@ def test_mla_decode_gpu_matches_float32_reference(generator, batch, query_tokens
 
     assert result is out
     expected_out, expected_lse = _reference(q, cache, block_table, lengths, causal)
-    _check(out, lse, expected_out, expected_lse, q_dtype, base2)
+    _check(out, lse, expected_out, expected_lse, q_dtype, base2, kv_dtype)
 
 
 def test_mla_decode_gpu_with_pdl_matches_float32_reference(generator):
