@@ -54,13 +54,18 @@ def relative_error(actual, expected):
 
 
 def assert_close_lse(actual, expected, base2=False, tolerance=1e-4):
-    """LSEs agree: -inf exactly where expected, else to `tolerance` (absolute + relative)."""
+    """LSEs agree: -inf exactly where expected, else to `tolerance` (absolute + relative).
+    Returns the largest |actual - expected| / (1 + |expected|), for the margin."""
     expected = expected / math.log(2) if base2 else expected
     actual = actual.double()
     infinite = torch.isinf(expected)
     assert torch.equal(torch.isneginf(actual), infinite), "LSE -inf pattern differs"
     torch.testing.assert_close(actual[~infinite], expected[~infinite], rtol=tolerance,
                                atol=tolerance)
+    finite_actual, finite_expected = actual[~infinite], expected[~infinite]
+    if finite_expected.numel() == 0:
+        return 0.0
+    return ((finite_actual - finite_expected).abs() / (1 + finite_expected.abs())).max().item()
 
 
 def quantize_fp8(values, scale):

@@ -128,13 +128,7 @@ __device__ __forceinline__ void load_e4m3_query_rows(const SplitArgs& args, int 
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
       values[j] = present ? *reinterpret_cast<const uint4*>(args.q + 2 * (row_offset + dim_of(j))) : make_uint4(0, 0, 0, 0);
-      const uint32_t words[4] = {values[j].x, values[j].y, values[j].z, values[j].w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        // Finite values only: an inf or NaN reaches the row's logits through itself.
-        const float first = fabsf(__uint_as_float(words[w] << 16)), second = fabsf(__uint_as_float(words[w] & 0xffff0000u));
-        largest = fmaxf(largest, fmaxf(first <= FLT_MAX ? first : 0.0f, second <= FLT_MAX ? second : 0.0f));
-      }
+      raise_to_largest_finite_bf16(largest, values[j]);
     }
 #pragma unroll
     for (int mask = 1; mask < kThreadsPerRow; mask *= 2) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, mask));

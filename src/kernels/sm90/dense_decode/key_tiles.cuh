@@ -95,6 +95,18 @@ constexpr QueryLoad query_load() {
   return kHalf && kFp8Cache ? QueryLoad::kBf16ToHalf : QueryLoad::kCopy;
 }
 
+// `largest` raised to the largest |value| of the 8 bf16 values in `values`, finite ones only: an
+// inf or NaN in one query row must not switch a row's or tile's scaling off (it reaches its own
+// row's logits through the scaled value itself).
+__device__ __forceinline__ void raise_to_largest_finite_bf16(float& largest, const uint4& values) {
+  const uint32_t words[4] = {values.x, values.y, values.z, values.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const float low = fabsf(__uint_as_float(words[w] << 16)), high = fabsf(__uint_as_float(words[w] & 0xffff0000u));
+    largest = fmaxf(largest, fmaxf(low <= FLT_MAX ? low : 0.0f, high <= FLT_MAX ? high : 0.0f));
+  }
+}
+
 // The tile's query rows into the swizzled layout (kLines lines) in the math type, by `kThreads`
 // threads that then meet at named barrier `barrier` (rows past rows_here are zeros). All of a
 // thread's loads are in flight at once (cp.async, or a register batch): Q is every CTA's fixed
@@ -127,14 +139,7 @@ __device__ __forceinline__ float load_query_tile(const SplitArgs& args, int batc
 #pragma unroll
     for (int j = 0; j < kUnitsPerThread; ++j) {
       values[j] = offsets[j] >= 0 ? *reinterpret_cast<const uint4*>(args.q + 2 * offsets[j]) : make_uint4(0, 0, 0, 0);
-      const uint32_t words[4] = {values[j].x, values[j].y, values[j].z, values[j].w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        // Finite values only: an inf or NaN in one row must not switch the scaling off for the
-        // others (it reaches that row's logits through the scaled value itself).
-        const float low = fabsf(__uint_as_float(words[w] << 16)), high = fabsf(__uint_as_float(words[w] & 0xffff0000u));
-        largest = fmaxf(largest, fmaxf(low <= FLT_MAX ? low : 0.0f, high <= FLT_MAX ? high : 0.0f));
-      }
+      raise_to_largest_finite_bf16(largest, values[j]);
     }
     if (threadIdx.x == 0) largest_bits = 0;
     sync_named(barrier, kThreads);
