@@ -546,7 +546,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 
   // Row sums: this thread's keys, the quad, then the other warpgroup's tiles.
   sum_over_quad(running_sum);
-  __syncwarp();  // the quad has read the promoted maxima
+  __syncwarp();  // the quad has read the promoted rows' scales (take_back), which the sums replace
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     if (lane % 4 == 0) sums[warpgroup * kRowsPerTile + row0 + 8 * half] = running_sum[half];
