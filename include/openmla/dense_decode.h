@@ -6,14 +6,14 @@
 // (bottom-right aligned); without, it sees all seq_lens[b] keys. Key t of request b lives in
 // kv_cache[block_table[b][t / page_size], t % page_size]. Entries of block_table past a
 // request's last page are never read. seq_lens[b] == 0 gives output 0 and LSE -inf.
-// Precision: a 16-bit cache computes in bf16 / fp16 with fp32 accumulation. An FP8 cache runs
-// on FP8 tensor cores, which accumulate at ~13 bits per step. With a 16-bit q, q and P each
-// become two e4m3 parts (~8 significant bits, as bf16 has), and with more than 32 query rows
-// per request (Sq x Hq) the output accumulators move into fp32 workspace rows every 128 key
-// tiles: up to ~3e-3 relative on the output and ~2e-3 (1 + |LSE|) on the LSE beyond the error
-// of the fp8 cache itself, whatever the length (the tests allow 1e-2 and 3e-3). fp8 q with an
-// FP8 cache and more than 32 rows rounds the probabilities to one e4m3 part: about 1.5-2% on
-// the output, ~1% on a 16K-key split (the tests allow 4%).
+// Precision: a 16-bit cache computes in bf16 / fp16 with fp32 accumulation. An FP8 cache with
+// a 16-bit q computes P V in fp16 (e4m3 widens exactly); with at most 32 query rows per request
+// (Sq x Hq) S runs on FP8 tensor cores, q as two e4m3 parts (~8 significant bits, as bf16 has)
+// accumulated at ~13 bits per step: up to ~2e-3 relative on the output and ~1e-3 (1 + |LSE|)
+// on the LSE beyond the error of the fp8 cache itself (the tests allow 1e-2 and 3e-3). fp8 q
+// with an FP8 cache and more than 32 rows runs both products on FP8 tensor cores with the
+// probabilities rounded to e4m3: about 1.5-2% on the output, growing with the keys of one split
+// (~1% at 16K keys; the tests allow 4%).
 #pragma once
 
 #include "openmla/common.h"
@@ -42,9 +42,8 @@ struct DenseDecodeParams {
   bool enable_pdl = false;
 };
 
-// Scratch for split-KV partial results (and an FP8 cache's promoted output rows: Precision
-// above); depends on shapes (B, Sq, Hq) and dtypes only, so one allocation serves every later
-// call of the same shape, including CUDA-graph replays.
+// Scratch for split-KV partial results; depends on shapes only (B, Sq, Hq), so one
+// allocation serves every later call of the same shape, including CUDA-graph replays.
 size_t dense_decode_workspace_size(const DenseDecodeParams& params);
 void dense_decode(const DenseDecodeParams& params);
 

@@ -184,9 +184,7 @@ def get_mla_prefill_workspace_size(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seq
 
 
 def get_mla_decode_workspace_size(q, kv_cache, block_table, seq_lens):
-    """Bytes of the workspace mla_decode needs on CUDA; it depends on q's shape and the
-    dtypes only (an FP8 cache with a 16-bit q and more than 32 query rows per request keeps fp32
-    output rows)."""
+    """Bytes of the workspace mla_decode needs on CUDA; it depends on q's shape only."""
     return _C.dense_decode_workspace_size(q=view(q), kv_cache=view(kv_cache),
                                           block_table=view(block_table), seq_lens=view(seq_lens))
 

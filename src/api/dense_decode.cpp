@@ -116,9 +116,7 @@ DenseDecodeParams validate(const ArgumentChecker& check, const DenseDecodeParams
 
 }  // namespace
 
-size_t dense_decode_workspace_size(const DenseDecodeParams& params) {
-  return decode_workspace_bytes(params.q, params.kv_cache.dtype);
-}
+size_t dense_decode_workspace_size(const DenseDecodeParams& params) { return decode_workspace_bytes(params.q); }
 
 void dense_decode(const DenseDecodeParams& given) {
   ArgumentChecker check("dense_decode");

@@ -53,25 +53,19 @@ int planning_sm_count(Device device) {
   return 132;
 }
 
-bool decode_promotes_output(int64_t query_tokens, int64_t heads, DType q, DType kv_cache) {
-  return kv_cache == DType::kFloat8E4M3 && q != DType::kFloat8E4M3 && query_tokens * heads > kDecodeNarrowMaxRows;
-}
-
 size_t decode_split_workspace_bytes(int64_t batch, int64_t query_tokens, int64_t heads,
-                                    int64_t value_dim, int64_t splits, bool promotes_output) {
-  if (splits <= 1 && !promotes_output) return 0;
-  splits = std::max<int64_t>(splits, 1);
+                                    int64_t value_dim, int64_t splits) {
+  if (splits <= 1) return 0;
   size_t rows = size_t(batch) * size_t(query_tokens) * size_t(heads) * size_t(splits);
   size_t partial_bytes = rows * size_t(value_dim + 1) * sizeof(float) + size_t(batch) * sizeof(int32_t);
   // Round to 256 bytes so that kernels can align their views.
   return (partial_bytes + 255) / 256 * 256;
 }
 
-size_t decode_workspace_bytes(const TensorView& q, DType kv_cache_dtype) {
+size_t decode_workspace_bytes(const TensorView& q) {
   if (q.rank != 4) return 0;
   const DenseDecodePlan plan = plan_dense_decode(q.size(0), q.size(1), q.size(2), planning_sm_count(q.device));
-  return decode_split_workspace_bytes(q.size(0), q.size(1), q.size(2), kLatentDim, plan.splits,
-                                      decode_promotes_output(q.size(1), q.size(2), q.dtype, kv_cache_dtype));
+  return decode_split_workspace_bytes(q.size(0), q.size(1), q.size(2), kLatentDim, plan.splits);
 }
 
 }  // namespace openmla

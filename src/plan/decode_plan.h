@@ -55,26 +55,14 @@ DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t h
 // the current device may differ (and have another SM count, hence more splits).
 int planning_sm_count(Device device);
 
-// Query rows per request (Sq x Hq) up to which dense decode runs its narrow kernel (tiles of
-// 16 or 32 rows); above, 64-row tiles.
-constexpr int64_t kDecodeNarrowMaxRows = 32;
-
-// Whether dense decode keeps an fp32 output row per query row in the workspace even with one
-// split: with an FP8 cache and a 16-bit q, 64-row tiles run O += P V on e4m3 tensor cores, whose
-// accumulation keeps ~13 bits per step, and move their accumulators into those rows every 128
-// key tiles (kernels/sm90/dense_decode/key_tiles.cuh promote_output).
-bool decode_promotes_output(int64_t query_tokens, int64_t heads, DType q, DType kv_cache);
-
 // Bytes of scratch for split-KV decode with `splits` splits: per (split, request, token, head)
 // a partial output of `value_dim` floats and one LSE float, then one int32 per request (the
-// splits a balanced plan used); 0 when splits == 1 (no combine) unless `promotes_output`
-// (then as for one split's partials).
+// splits a balanced plan used); 0 when splits == 1 (no combine).
 size_t decode_split_workspace_bytes(int64_t batch, int64_t query_tokens, int64_t heads,
-                                    int64_t value_dim, int64_t splits, bool promotes_output = false);
+                                    int64_t value_dim, int64_t splits);
 
 // The workspace a decode op with query q [B, Sq, Hq, D] needs: its split plan on q's device,
-// 512-wide partial outputs (and the promotion rows that an FP8 `kv_cache_dtype` may need). 0 for
-// a q of another rank (validation reports that).
-size_t decode_workspace_bytes(const TensorView& q, DType kv_cache_dtype = DType::kBFloat16);
+// 512-wide partial outputs. 0 for a q of another rank (validation reports that).
+size_t decode_workspace_bytes(const TensorView& q);
 
 }  // namespace openmla

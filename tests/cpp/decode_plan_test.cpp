@@ -48,22 +48,6 @@ TEST(DecodePlan, BalancedWhenTheRequestsFillTheGpu) {
             (size_t(2 * 128 * 2 * 128) * 513 * 4 + 128 * 4 + 255) / 256 * 256);
 }
 
-// An FP8 cache with a 16-bit q and more than 32 query rows per request promotes its e4m3 output
-// accumulators into fp32 rows of the workspace: one split's partial rows even where the plan
-// has one split.
-TEST(DecodePlan, Fp8CacheWithWideTilesKeepsPromotionRows) {
-  constexpr DType kFp8 = DType::kFloat8E4M3, kBf16 = DType::kBFloat16;
-  EXPECT_FALSE(decode_promotes_output(1, 32, kBf16, kFp8));  // the narrow kernel
-  EXPECT_FALSE(decode_promotes_output(2, 64, kBf16, kBf16));
-  EXPECT_FALSE(decode_promotes_output(2, 64, kFp8, kFp8));  // fp8 q: P's e4m3 rounding dominates
-  EXPECT_TRUE(decode_promotes_output(1, 33, kBf16, kFp8));
-  EXPECT_TRUE(decode_promotes_output(1, 33, DType::kFloat16, kFp8));
-  EXPECT_EQ(decode_split_workspace_bytes(1024, 1, 128, 512, 1), 0u);
-  EXPECT_EQ(decode_split_workspace_bytes(1024, 1, 128, 512, 1, true),
-            (size_t(1024 * 128) * 513 * 4 + 1024 * 4 + 255) / 256 * 256);
-  EXPECT_EQ(decode_split_workspace_bytes(128, 2, 128, 512, 2, true), decode_split_workspace_bytes(128, 2, 128, 512, 2));
-}
-
 TEST(DecodePlan, RowTilesFoldTokensAndHeads) {
   EXPECT_EQ(plan_dense_decode(3, 2, 63, 132).row_tiles, 2);  // 126 rows
   EXPECT_EQ(plan_dense_decode(3, 1, 16, 132).row_tiles, 1);

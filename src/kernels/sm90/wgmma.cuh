@@ -138,8 +138,8 @@ __device__ __forceinline__ void wgmma_wait() {
 // D (64 x 16) += A (K-major) * B (K-major, [n][k]): S^T = K Q^T for 16 query rows.
 OPENMLA_DEFINE_WGMMA_SS(wgmma_64x16x16, "m64n16k16", 8, "%8", "%9", "%10", ", 0, 0")
 
-// D (64 x 16) += A (registers: an m64k16 fragment) * B (K-major): S^T and O^T with an FP8 cache,
-// whose fragments are widened in registers (dense_decode/fp8_fragments.cuh).
+// D (64 x 16) += A (registers: an m64k16 fragment) * B (K-major): O^T with an FP8 cache, whose
+// V^T fragments are widened in registers (dense_decode/fp8_fragments.cuh).
 OPENMLA_DEFINE_WGMMA_RS(wgmma_64x16x16_a_registers, "m64n16k16", 8, "{%8, %9, %10, %11}", "%12", "%13", ", 0")
 
 // D (64 x 16) += A (M-major: [k][m], tnspA) * B (K-major): O^T = V^T P^T, V stored [key][dim].

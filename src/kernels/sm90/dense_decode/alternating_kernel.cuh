@@ -7,8 +7,8 @@
 // into M (row m = s * Hq + h), so a 64-row wgmma tile is filled by Hq = 64, Hq = 16 x Sq = 4...
 // Roles: 384 threads = two consumer warpgroups (the math) + one producer warpgroup (setmaxnreg
 // moves its registers to the consumers): one thread issues the TMA loads; with an FP8 cache,
-// the whole warpgroup transposes V of each landed raw tile for the e4m3 products and that
-// thread issues the loads between tiles (fp8_tiles.cuh load_and_transpose_value_tiles).
+// the whole warpgroup widens each landed tile in place to fp16 and that thread issues the
+// loads between tiles (key_tiles.cuh load_and_widen_key_tiles).
 // Tiling: key tiles of 64 tokens taken in pairs (a, b). Warpgroup 0 owns tile a, warpgroup 1
 // tile b: the owner computes S = Q K^T for its tile (64 x 64, wgmma m64n64k16; Q from shared
 // memory for dims 0..511, from registers for the 64 rope dims), its softmax, and publishes the
@@ -32,23 +32,17 @@
 // Shared memory: Q 72 KB (its rope block is reused as tile a's P buffer once the rope values
 // are in registers), two 72 KB key stages, tile b's P buffer 8 KB, maxima and factors: 226 KB.
 // Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
-// P V of its tile are done.
-// FP8 cache (kFp8Math, fp8_tiles.cuh): both products on e4m3 wgmma (m64n64k32 for S with Q and
-// the raw tile in shared memory, m64n256k32 for O += P V with P in e4m3, as 256 p); two raw
-// stages (36 KB) that S and the producer warpgroup's transposition read, and value tiles (V^T,
-// 32 KB) that O += P V reads. An fp8 q is used as it is (three value tiles: 212 KB); a bf16 q
-// and P are each split into high and low e4m3 parts (kSplitQuery: ~8 significant bits each, as
-// bf16; twice the e4m3 products, i.e. the 16-bit tensor work; two value tiles: 226 KB). e4m3
-// wgmma accumulates at ~13 bits of the running sum, so with a bf16 q the consumers move O into
-// fp32 workspace rows every 128 tiles or fewer and start afresh (key_tiles.cuh promote_output;
-// 2.7e-3 relative on a 20K-key split against 4.2e-3 without, at 16K). (Until session 13 an FP8
-// cache with a 16-bit q was widened in place to fp16 by the producer warpgroup and ran the
-// 16-bit math: 15-23% slower, but with errors near the bf16 cache's: perf log.)
+// P V of its tile are done. An FP8 tile (36 KB) with a 16-bit q lands in the upper halves of
+// its stage's 64-dim blocks and is widened exactly to fp16 in place, then the stage is full.
+// fp8 q and cache (kFp8Math, fp8_tiles.cuh): both products on e4m3 wgmma (m64n64k32 for S with
+// Q and the raw tile in shared memory, m64n256k32 for O += P V with P in e4m3); two raw stages
+// (36 KB) that S and the producer warpgroup's transposition read, and three value tiles (V^T,
+// 32 KB) that O += P V reads: 212 KB.
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
-// guards that keep a row without keys at output 0 and LSE -inf.
+// guards that keep a row without keys at output 0 and LSE -inf. FP8 caches with 16-bit q
+// compute in fp16 (e4m3 widens exactly; bf16 q is scaled by a power of two into fp16 range).
 // Epilogue: one split writes the 16-bit output and LSE directly; several splits write fp32
-// partial outputs and base-2 LSEs to the workspace for the combine kernel (promoted rows are
-// first added back into O).
+// partial outputs and base-2 LSEs to the workspace for the combine kernel.
 // Limits: head dim 576 / value dim 512 fixed; rows tiled by 64 (rows past the end are zero
 // queries whose keys are all masked).
 #pragma once
@@ -73,49 +67,41 @@ struct AlternatingLayout {
   static constexpr int kFactorA = kMaxima + kRowsPerTile * 4;          // [64]
   static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;         // [64]
   static constexpr int kSums = kFactorB + kRowsPerTile * 4;            // [2][64]
-  static constexpr int kBarriers = kSums + 2 * kRowsPerTile * 4;       // full[2], empty[2]
-  static constexpr int kHandoffs = kBarriers + 4 * 8;                  // see kPublishedA ...
+  static constexpr int kBarriers = kSums + 2 * kRowsPerTile * 4;       // full[2], empty[2], landed[2]
+  static constexpr int kHandoffs = kBarriers + 6 * 8;                  // see kPublishedA ...
   static constexpr int kBytes = kHandoffs + 6 * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
-  static constexpr int kReleasedStages = 2;  // the key stages, released per tile on `empty`
 };
 static_assert(AlternatingLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
 
-// With an FP8 cache (kFp8Math, fp8_tiles.cuh): Q in e4m3 lines (fp8 q: 64 lines, 36 KB; a bf16 q
-// as high and low parts, kSplitQuery: 128 lines, 72 KB), two raw key stages of 36 KB, value
-// tiles (V^T) of 32 KB (three; two beside a split Q), the P buffers (4 KB per e4m3 part):
-// 212 / 226 KB.
-template <bool kSplitQuery>
+// With fp8 q and cache (kFp8Math, fp8_tiles.cuh): Q 36 KB, two raw key stages of 36 KB, three
+// value tiles (V^T) of 32 KB, the P buffers 4 KB each: 212 KB.
 struct AlternatingFp8Layout {
-  static constexpr int kQueryLines = kSplitQuery ? 2 * kRowsPerTile : kRowsPerTile;
-  static constexpr int kValueTiles = kSplitQuery ? 2 : 3;
-  static constexpr int kProbabilityParts = kSplitQuery ? 2 : 1;  // P's high (and low) parts
   static constexpr int kQuery = 0;
-  static constexpr int kKeys = kDimBlocks * kQueryLines * 64;
+  static constexpr int kKeys = kRawFp8StageBytes;
   static constexpr int kValues = kKeys + kFp8RawStages * kRawFp8StageBytes;
-  static constexpr int kProbabilitiesA = kValues + kValueTiles * kValueTileBytes;
-  static constexpr int kProbabilitiesB = kProbabilitiesA + kProbabilityParts * kRawBlockBytes;
-  static constexpr int kMaxima = kProbabilitiesB + kProbabilityParts * kRawBlockBytes;
+  static constexpr int kProbabilitiesA = kValues + kFp8ValueTiles * kValueTileBytes;
+  static constexpr int kProbabilitiesB = kProbabilitiesA + kRawBlockBytes;
+  static constexpr int kMaxima = kProbabilitiesB + kRawBlockBytes;
   static constexpr int kFactorA = kMaxima + kRowsPerTile * 4;
   static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;
   static constexpr int kSums = kFactorB + kRowsPerTile * 4;
-  static constexpr int kRowFactors = kSums + 2 * kRowsPerTile * 4;  // [64]: a split Q's factor per row
-  // full[kValueTiles], empty[kValueTiles], landed[kFp8RawStages], raw_empty[kFp8RawStages]
-  static constexpr int kBarriers = kRowFactors + (kSplitQuery ? kRowsPerTile * 4 : 0);
-  static constexpr int kHandoffs = kBarriers + 2 * (kValueTiles + kFp8RawStages) * 8;
+  // full[kFp8ValueTiles], empty[kFp8ValueTiles], landed[kFp8RawStages], raw_empty[kFp8RawStages]
+  static constexpr int kBarriers = kSums + 2 * kRowsPerTile * 4;
+  static constexpr int kHandoffs = kBarriers + 2 * (kFp8ValueTiles + kFp8RawStages) * 8;
   static constexpr int kBytes = kHandoffs + 6 * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
-  static constexpr int kReleasedStages = kValueTiles;  // the value tiles, released per tile on `empty`
-  static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
-  static_assert(kKeys % 1024 == 0, "swizzle atoms stay aligned");
 };
+static_assert(AlternatingFp8Layout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
 static_assert(kRawFp8StageBytes % 1024 == 0 && kValueTileBytes % 1024 == 0, "swizzle atoms stay aligned");
 
-// An FP8 cache: both products on e4m3 wgmma (fp8_tiles.cuh; a bf16 q and P as two e4m3 parts
-// each); else 16-bit math. The kernel and its launcher (the shared-memory size) take the layout
-// from here.
+// fp8 q and cache: both products on e4m3 wgmma (fp8_tiles.cuh); else 16-bit math. The kernel
+// and its launcher (the shared-memory size) take the layout from here.
 template <bool kFp8Q, bool kFp8Cache>
-using AlternatingLayoutOf = std::conditional_t<kFp8Cache, AlternatingFp8Layout<!kFp8Q>, AlternatingLayout>;
+constexpr bool kAlternatingFp8Math = kFp8Q && kFp8Cache;
+template <bool kFp8Q, bool kFp8Cache>
+using AlternatingLayoutOf =
+    std::conditional_t<kAlternatingFp8Math<kFp8Q, kFp8Cache>, AlternatingFp8Layout, AlternatingLayout>;
 
 // Handoffs between the warpgroups: mbarriers that all 128 threads of the signalling warpgroup
 // arrive on (release) and the other waits on (acquire), one phase per pair; the waiter passes
@@ -123,13 +109,15 @@ using AlternatingLayoutOf = std::conditional_t<kFp8Cache, AlternatingFp8Layout<!
 constexpr int kPublishedA = 0, kPublishedB = 1, kConsumedA = 2, kConsumedB = 3;
 constexpr int kSumsOf0 = 4, kSumsOf1 = 5;  // a warpgroup's row sums are in shared memory (once)
 // Named barriers (bar.sync ids; 0 is __syncthreads'): 1 both consumer warpgroups
-// (sync_consumers, the Q load), 2 + w consumer warpgroup w alone.
+// (sync_consumers, the Q load), 2 + w consumer warpgroup w alone, kWidenerBarrier the producer
+// warpgroup widening an FP8 tile.
+constexpr int kWidenerBarrier = 4;
 
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 __global__ void __launch_bounds__(kAlternatingThreads, 1)
     dense_decode_alternating_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
-  constexpr bool kFp8Math = kFp8Cache;  // e4m3 products (fp8_tiles.cuh)
-  constexpr bool kSplitQuery = kFp8Math && !kFp8Q;  // bf16 q: Q and P as two e4m3 parts each
+  static_assert(kHalf || !kFp8Cache, "FP8 caches compute in fp16");
+  constexpr bool kFp8Math = kAlternatingFp8Math<kFp8Q, kFp8Cache>;
   using Layout = AlternatingLayoutOf<kFp8Q, kFp8Cache>;
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
@@ -142,11 +130,11 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     return shared + (which ? Layout::kProbabilitiesB : Layout::kProbabilitiesA);
   };
   // The 16-bit stages (kFp8Math: the value tiles) are released per tile on `empty`.
-  constexpr int kReleasedStages = Layout::kReleasedStages;
+  constexpr int kReleasedStages = kFp8Math ? kFp8ValueTiles : 2;
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
   uint64_t* empty = full + kReleasedStages;
+  uint64_t* landed = empty + kReleasedStages;  // FP8 cache: the raw tile is in the stage (TMA bytes)
   // kFp8Math: full / empty are the value tiles', landed / raw_empty the raw stages'.
-  uint64_t* landed = empty + kReleasedStages;
   uint64_t* raw_empty = landed + kFp8RawStages;
   uint64_t* handoffs = reinterpret_cast<uint64_t*>(shared + Layout::kHandoffs);
   // Whole warps signal (see ConsumerBarrier in narrow_kernel.cuh: no lane of a warp waits
@@ -176,7 +164,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     for (int handoff = 0; handoff < 6; ++handoff) mbarrier_init(&handoffs[handoff], 128);
     if constexpr (kFp8Math) {  // value tiles: the transposers, then both warpgroups; raw stages: the
                                // TMA, then the transposers and the owner's S
-      for (int stage = 0; stage < kReleasedStages; ++stage) {
+      for (int stage = 0; stage < kFp8ValueTiles; ++stage) {
         mbarrier_init(&full[stage], kAlternatingProducerThreads);
         mbarrier_init(&empty[stage], kConsumerThreads);
       }
@@ -185,31 +173,39 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
         mbarrier_init(&raw_empty[stage], 128 + kAlternatingProducerThreads);
       }
       fence_barrier_init();
+    } else if constexpr (kFp8Cache) {
+      for (int stage = 0; stage < 2; ++stage) mbarrier_init(&full[stage], kAlternatingProducerThreads);
     }
   }
-  if constexpr (!kFp8Math) init_stage_barriers(full, empty, kConsumerThreads);
+  // An FP8 tile lands on `landed`; the widener threads fill the stage and arrive on `full`.
+  if constexpr (!kFp8Math) init_stage_barriers(kFp8Cache ? landed : full, empty, kConsumerThreads);
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads) {  // the producer warpgroup
-    set_register_count<(kFp8Math ? kFp8MathProducerRegisters : kProducerRegisters), false>();
+    set_register_count<(kFp8Math ? kFp8MathProducerRegisters : kFp8Cache ? kFp8ProducerRegisters : kProducerRegisters),
+                       false>();
     const int producer_thread = threadIdx.x - kConsumerThreads;
     if constexpr (kFp8Math) {
-      load_and_transpose_value_tiles<kReleasedStages>(&cache_map, args, table_row, range, stages,
-                                                      shared + Layout::kValues, landed, raw_empty, full, empty,
-                                                      producer_thread);
+      load_and_transpose_value_tiles(&cache_map, args, table_row, range, stages, shared + Layout::kValues, landed,
+                                     raw_empty, full, empty, producer_thread);
+    } else if constexpr (kFp8Cache) {
+      load_and_widen_key_tiles<kHalf>(&cache_map, args, table_row, range, stages, landed, full, empty,
+                                      producer_thread, kWidenerBarrier);
     } else if (producer_thread == 0) {
       produce_key_tiles<false>(&cache_map, args, table_row, range, stages, full, empty);
     }
     return;
   }
-  set_register_count<(kFp8Math ? kFp8MathConsumerRegisters : kConsumerRegisters), true>();
+  set_register_count<(kFp8Math    ? kFp8MathConsumerRegisters
+                      : kFp8Cache ? kFp8ConsumerRegisters
+                                  : kConsumerRegisters),
+                     true>();
 
-  float* row_factors = nullptr;  // a split Q's logit factor per row
+  float logit_scale = args.logit_scale_log2;
   if constexpr (kFp8Math) {
-    if constexpr (kSplitQuery) row_factors = reinterpret_cast<float*>(shared + Layout::kRowFactors);
-    load_e4m3_query_rows<kRowsPerTile, kConsumerThreads, kSplitQuery>(args, batch_index, first_row, rows_here, query,
-                                                                      row_factors, 1);
+    load_e4m3_query_rows<kRowsPerTile, kConsumerThreads, false>(args, batch_index, first_row, rows_here, query, nullptr, 1);
   } else {
-    load_query_tile<kRowsPerTile, kConsumerThreads>(args, batch_index, first_row, rows_here, query, 1);
+    logit_scale *= load_query_tile<kHalf, query_load<kHalf, kFp8Cache>(), kRowsPerTile, kConsumerThreads>(
+        args, batch_index, first_row, rows_here, query, 1);
   }
   const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int thread_in_warpgroup = threadIdx.x % 128;
@@ -224,68 +220,16 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   }
 
   int visible[2];
-  float row_scale[2];  // the logits' scale of rows row0, row0 + 8
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    visible[half] = row_visible_end(args, range, first_row, row0 + 8 * half, rows_here);
-    row_scale[half] = args.logit_scale_log2 * (kSplitQuery ? row_factors[row0 + 8 * half] : 1.0f);
-  }
+  for (int half = 0; half < 2; ++half) visible[half] = row_visible_end(args, range, first_row, row0 + 8 * half, rows_here);
   float output[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) output[i] = 0.0f;
   float running_max[2] = {-INFINITY, -INFINITY};  // the maximum over every tile so far
   float running_sum[2] = {0.0f, 0.0f};            // over this warpgroup's own tiles
-  const int pairs = (range.tiles + 1) / 2;
-  // kSplitQuery: O moves into fp32 rows of the workspace every kFp8PromotionTiles tiles or fewer
-  // (key_tiles.cuh promote_output). A CTA with more than kFp8PromotionTiles tiles promotes after
-  // `count` pairs where (count + promotion_phase) % kPromotionPairs == 0, at a phase that
-  // differs between CTAs (all at once, they would compete for DRAM while their tensor cores
-  // wait). Until the epilogue the sums area holds, per warpgroup and row, the scale of the row
-  // in the workspace: the running maximum when it was last overwritten (registers are what the
-  // consumers lack).
-  float* sums = reinterpret_cast<float*>(shared + Layout::kSums);  // [warpgroup][row]
-  float* promoted_scales = sums + warpgroup * kRowsPerTile;
-  constexpr int kPromotionPairs = kFp8PromotionTiles / 2, kPromotionPrefetchPairs = 2;
-  const bool promotes = kSplitQuery && pairs > kPromotionPairs;
-  const int promotion_phase =
-      int((blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * 37u % kPromotionPairs);
-  auto promotes_after = [&](int count) {
-    return promotes && count < pairs && (count + promotion_phase) % kPromotionPairs == 0;
-  };
-  // O's scale: 2^-(running maximum), 2^0 before any key (softmax's reference).
-  auto output_scale = [&](int half) { return running_max[half] == -INFINITY ? 0.0f : running_max[half]; };
-  auto promote = [&](bool first) {
-    const PromotedRows promoted(args, split, batch_index, first_row, rows_here, warpgroup, lane, row0);
-    bool overwrite[2];
-    float factor[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      // O's scale has grown by this much since the row was overwritten (+inf: the row saw no
-      // key then and holds 0). Beyond 2^64 the row is negligible next to O, and O scaled up to
-      // the row's scale could overflow: O replaces it.
-      const float growth = output_scale(half) - (first ? -INFINITY : promoted_scales[row0 + 8 * half]);
-      overwrite[half] = !(growth <= 64.0f);
-      factor[half] = fast_exp2(growth);
-    }
-    promote_output(promoted, overwrite, factor, output);
-    __syncwarp();  // the quad has read the row scales
-    if (lane % 4 == 0) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        if (overwrite[half]) promoted_scales[row0 + 8 * half] = running_max[half];
-      }
-    }
-    __syncwarp();
-  };
-  auto take_back = [&] {
-    float factor[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) factor[half] = fast_exp2(promoted_scales[row0 + 8 * half] - output_scale(half));
-    take_back_promoted_output(PromotedRows(args, split, batch_index, first_row, rows_here, warpgroup, lane, row0),
-                              factor, output);
-  };
 
   const uint64_t query_descriptor = make_descriptor(query, 16, 1024);
+  const int pairs = (range.tiles + 1) / 2;
   const int value_block = 4 * warpgroup;  // first of this warpgroup's 4 blocks of 64 value columns
 
   // S = Q K^T for tile `tile` (stage tile % 2), masked and scaled (base 2); returns the row
@@ -298,21 +242,12 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       mbarrier_wait(&landed[tile % kFp8RawStages], (tile / kFp8RawStages) % 2);
       const uint64_t fp8_query_descriptor = make_descriptor_64b(query, 512);
       const uint64_t key_descriptor = make_descriptor_64b(keys, 512);
-      // A split Q's low parts (lines 64.. of each block) first, then the high parts on top: e4m3
-      // wgmma accumulates at reduced precision (~13 bits of the running sum), so the 18 small
-      // low-part steps cost little and the large part is a chain of 18 steps, as with fp8 q.
-      // (The two parts interleaved, one chain of 36 large steps, moved LSEs by up to 2.5e-3
-      // (1 + |LSE|) on the tests' inputs; an accumulator per part made the consumers spill.)
       wgmma_fence();
 #pragma unroll
-      for (int step = 0; step < (kSplitQuery ? 2 : 1) * (kHeadDim / 32); ++step) {
-        const int k = step % (kHeadDim / 32);
-        const bool low_part = kSplitQuery && step < kHeadDim / 32;
-        const int key_offset = (k / 2) * kRawBlockBytes + (k % 2) * 32;
-        const int query_offset =
-            (k / 2) * (Layout::kQueryLines * 64) + (k % 2) * 32 + (low_part ? kRowsPerTile * 64 : 0);
-        wgmma_64x64x32_fp8(scores, advance_descriptor(fp8_query_descriptor, query_offset),
-                           advance_descriptor(key_descriptor, key_offset), step > 0);
+      for (int k = 0; k < kHeadDim / 32; ++k) {
+        const int offset = (k / 2) * kRawBlockBytes + (k % 2) * 32;
+        wgmma_64x64x32_fp8(scores, advance_descriptor(fp8_query_descriptor, offset),
+                           advance_descriptor(key_descriptor, offset), k > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -350,7 +285,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     for (int i = 0; i < 32; ++i) {  // score i: row row0 + 8 ((i / 2) % 2), key 8 (i / 4) + 2 (lane % 4) + i % 2
       const int half = (i / 2) % 2;
       const int key = first_key + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-      scores[i] = key < visible[half] ? scores[i] * row_scale[half] : -INFINITY;
+      scores[i] = key < visible[half] ? scores[i] * logit_scale : -INFINITY;
       tile_max[half] = fmaxf(tile_max[half], scores[i]);
     }
 #pragma unroll
@@ -363,7 +298,6 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   // Softmax of the own tile against the running maximum: P in registers (wgmma A fragments:
   // k step s is accumulators 8 s .. 8 s + 7).
   uint32_t probabilities[kTileKeys / (kFp8Math ? 32 : 16)][4];
-  uint32_t probabilities_low[kSplitQuery ? 2 : 1][4];  // kSplitQuery: P's low e4m3 parts
   auto own_softmax = [&](const float (&tile_max)[2], float (&factor)[2]) {
     float reference[2];
 #pragma unroll
@@ -381,11 +315,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
         scores[i] = fast_exp2(scores[i] - (reference[half] - kProbabilityLog2Scale));
         running_sum[half] += scores[i];
       }
-      if constexpr (kSplitQuery) {
-        split_probability_fragments(scores, probabilities, probabilities_low);
-      } else {
-        pack_probability_fragments(scores, probabilities);
-      }
+      pack_probability_fragments(scores, probabilities);
     } else {
 #pragma unroll
       for (int i = 0; i < 32; i += 2) {
@@ -408,10 +338,6 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           *reinterpret_cast<uint32_t*>(buffer + probability_offset(row0, lane, step, r)) = probabilities[step][r];
-          if constexpr (kSplitQuery) {
-            *reinterpret_cast<uint32_t*>(buffer + kRawBlockBytes + probability_offset(row0, lane, step, r)) =
-                probabilities_low[step][r];
-          }
         }
       }
     } else {
@@ -453,22 +379,18 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   // other warpgroup's buffer (one wgmma group; the caller waits).
   auto value_product = [&](int tile, bool own) {
     if constexpr (kFp8Math) {  // V^T from the value tile (transposed by the producer warpgroup)
-      mbarrier_wait(&full[tile % kReleasedStages], (tile / kReleasedStages) % 2);
+      mbarrier_wait(&full[tile % kFp8ValueTiles], (tile / kFp8ValueTiles) % 2);
       const uint64_t value_descriptor = make_descriptor_64b(
-          shared + Layout::kValues + (tile % kReleasedStages) * kValueTileBytes + warpgroup * (kValueTileBytes / 2), 512);
+          shared + Layout::kValues + (tile % kFp8ValueTiles) * kValueTileBytes + warpgroup * (kValueTileBytes / 2), 512);
       const uint64_t probability_descriptor = make_descriptor_64b(probability_buffer(tile % 2), 512);
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kTileKeys / 32; ++k) {
-        const uint64_t values = advance_descriptor(value_descriptor, 32 * k);
         if (own) {
-          wgmma_64x256x32_fp8_a_registers(output, probabilities[k], values, true);
-          if constexpr (kSplitQuery) wgmma_64x256x32_fp8_a_registers(output, probabilities_low[k], values, true);
+          wgmma_64x256x32_fp8_a_registers(output, probabilities[k], advance_descriptor(value_descriptor, 32 * k), true);
         } else {
-          wgmma_64x256x32_fp8(output, advance_descriptor(probability_descriptor, 32 * k), values, true);
-          if constexpr (kSplitQuery) {
-            wgmma_64x256x32_fp8(output, advance_descriptor(probability_descriptor, kRawBlockBytes + 32 * k), values, true);
-          }
+          wgmma_64x256x32_fp8(output, advance_descriptor(probability_descriptor, 32 * k),
+                              advance_descriptor(value_descriptor, 32 * k), true);
         }
       }
       wgmma_commit();
@@ -534,19 +456,11 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
         finish_value_product_and_release(tile_a);
       }
     }
-    if constexpr (kSplitQuery) {  // both warpgroups' O is complete and in the scale of running_max
-      if (promotes_after(pair + 1)) promote(pair + 1 + promotion_phase <= kPromotionPairs);
-      if (promotes && pair + 1 + kPromotionPrefetchPairs == pairs) {  // the rows into L2 for take_back
-        prefetch_promoted_output(PromotedRows(args, split, batch_index, first_row, rows_here, warpgroup, lane, row0),
-                                 lane);
-      }
-    }
   }
-  if (promotes) take_back();
 
   // Row sums: this thread's keys, the quad, then the other warpgroup's tiles.
+  float* sums = reinterpret_cast<float*>(shared + Layout::kSums);  // [warpgroup][row]
   sum_over_quad(running_sum);
-  __syncwarp();  // the quad has read the promoted rows' scales (take_back), which the sums replace
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     if (lane % 4 == 0) sums[warpgroup * kRowsPerTile + row0 + 8 * half] = running_sum[half];

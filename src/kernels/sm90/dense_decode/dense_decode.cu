@@ -41,11 +41,14 @@ void require_alignment(const char* argument, const TensorView& view, int bytes) 
 }
 
 // The cache as a 3-D tensor (dim, token, page) for the TMA; boxes of 64 dims x min(page, 64)
-// tokens, 128-byte swizzled for 16-bit caches (the wgmma layout), 64-byte for FP8 caches (e4m3
-// wgmma, ldmatrix and the V fragment loads read the raw tile: fp8_tiles.cuh, fp8_fragments.cuh).
-CUtensorMap make_cache_map(const TensorView& cache) {
+// tokens, 128-byte swizzled for 16-bit caches (the wgmma layout); FP8 caches 64-byte swizzled
+// for the narrow kernel (its fragment loads, fp8_fragments.cuh) and for the alternating kernel
+// with fp8 q (e4m3 wgmma and ldmatrix read the raw tile, fp8_tiles.cuh), plain for the
+// alternating kernel with 16-bit q (widened in place).
+CUtensorMap make_cache_map(const TensorView& cache, bool raw_fp8_swizzled) {
   const bool fp8 = cache.dtype == DType::kFloat8E4M3;
-  const CUtensorMapSwizzle swizzle = fp8 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+  const CUtensorMapSwizzle swizzle =
+      !fp8 ? CU_TENSOR_MAP_SWIZZLE_128B : (raw_fp8_swizzled ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_NONE);
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   static Encode encode = [] {
     void* function = nullptr;
@@ -94,7 +97,7 @@ void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid
     launch(dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache, decltype(rows)::value>, Layout::kThreads,
            Layout::kLaunchBytes);
   };
-  if (uses_narrow_kernel(args.rows)) {
+  if (uses_narrow_kernel(args.rows)) {  // the same test picks the TMA swizzle
     if (args.rows <= 16) {
       launch_narrow(std::integral_constant<int, 16>{});
     } else {
@@ -158,9 +161,7 @@ void dense_decode(const DenseDecodeParams& params) {
   }
   args.lse_base2 = params.lse_base == LseBase::kBase2;
   // The split kernels store float2 / float4 and the combine kernel loads float4 from the workspace.
-  if (plan.splits > 1 || decode_promotes_output(query_tokens, heads, q.dtype, cache.dtype)) {
-    require_alignment("workspace", params.workspace, 16);
-  }
+  if (plan.splits > 1) require_alignment("workspace", params.workspace, 16);
   float* workspace = params.workspace.ptr<float>();
   const int64_t split_rows = plan.splits * int64_t(batch) * args.rows;
   args.partial_out = workspace;
@@ -176,10 +177,10 @@ void dense_decode(const DenseDecodeParams& params) {
   // (split_common.cuh cta_work).
   const dim3 grid(unsigned(plan.row_tiles), unsigned(batch), unsigned(plan.splits));
   const cudaStream_t stream = as_cuda_stream(params.stream);
-  const CUtensorMap cache_map = make_cache_map(cache);
+  const CUtensorMap cache_map = make_cache_map(cache, uses_narrow_kernel(args.rows) || fp8_q);
   if (half) {
     launch_split<true, false, false>(cache_map, args, grid, stream, params.enable_pdl);
-  } else if (fp8_q) {  // <= 32 rows in fp16 (e4m3 widens exactly), more on e4m3 tensor cores
+  } else if (fp8_q) {  // e4m3 tensor cores (<= 32 rows: S^T only, P V in fp16)
     launch_split<true, true, true>(cache_map, args, grid, stream, params.enable_pdl);
   } else if (fp8_cache) {
     launch_split<true, false, true>(cache_map, args, grid, stream, params.enable_pdl);

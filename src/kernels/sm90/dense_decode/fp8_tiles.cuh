@@ -47,26 +47,6 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
   return low | (high << 16);
 }
 
-// Four floats (already scaled into e4m3's range) as e4m3 high parts and the e4m3 rounding of what
-// they leave, first value in the low byte: high + low keeps ~8 significant bits (bf16's), and
-// S = K (high + low) takes two e4m3 products where one 16-bit product would need every key
-// fragment widened. An inf becomes NaN (the row's logits are NaN, as with the 16-bit math).
-__device__ __forceinline__ void split_into_e4m3x4(const float (&values)[4], uint32_t& high, uint32_t& low) {
-  high = low = 0;
-#pragma unroll
-  for (int pair = 0; pair < 2; ++pair) {
-    float first = values[2 * pair], second = values[2 * pair + 1];
-    first = fabsf(first) <= FLT_MAX ? first : NAN;  // satfinite would make inf 448
-    second = fabsf(second) <= FLT_MAX ? second : NAN;
-    const __nv_fp8x2_storage_t top = __nv_cvt_float2_to_fp8x2(make_float2(first, second), __NV_SATFINITE, __NV_E4M3);
-    const float2 rounded = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(top, __NV_E4M3)));
-    const __nv_fp8x2_storage_t rest = __nv_cvt_float2_to_fp8x2(
-        make_float2(first - rounded.x, second - rounded.y), __NV_SATFINITE, __NV_E4M3);
-    high |= uint32_t(top) << (16 * pair);
-    low |= uint32_t(rest) << (16 * pair);
-  }
-}
-
 // The S accumulator that byte `byte` of register r of k step `step` of P's A fragment holds:
 // row 16 w + lane / 4 + 8 (r % 2), key accumulator_column(lane, i) (tests/cpp/wgmma_gpu_test.cu
 // checks that this is value_key_of_column of the byte's fragment column).
@@ -88,45 +68,37 @@ __device__ __forceinline__ void pack_probability_fragments(const float (&probabi
   }
 }
 
-// The same as high and low e4m3 parts (split_into_e4m3x4): P to ~8 significant bits, as a
-// 16-bit P in bf16, for a bf16 q.
-__device__ __forceinline__ void split_probability_fragments(const float (&probabilities)[32],
-                                                            uint32_t (&high)[2][4], uint32_t (&low)[2][4]) {
-#pragma unroll
-  for (int step = 0; step < 2; ++step) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const float values[4] = {
-          probabilities[probability_accumulator(step, r, 0)], probabilities[probability_accumulator(step, r, 1)],
-          probabilities[probability_accumulator(step, r, 2)], probabilities[probability_accumulator(step, r, 3)]};
-      split_into_e4m3x4(values, high[step][r], low[step][r]);
-    }
-  }
-}
-
 // Byte offset of the 4 bytes of P that register r of k step `step` of a thread holds, in a
 // [64 rows][64 bytes] 64-byte swizzled P buffer (read back as the A operand).
 __device__ __forceinline__ int probability_offset(int row0, int lane, int step, int r) {
   return raw_fp8_offset(row0 + 8 * (r % 2), 32 * step + 16 * (r / 2) + 4 * (lane % 4));
 }
 
-// `largest` raised to the largest |value| of the 8 bf16 values in `values`, finite ones only: an
-// inf or NaN in one query row must not switch its row's scaling off (it reaches that row's
-// logits through the scaled value itself).
-__device__ __forceinline__ void raise_to_largest_finite_bf16(float& largest, const uint4& values) {
-  const uint32_t words[4] = {values.x, values.y, values.z, values.w};
+// Four floats (already scaled into e4m3's range) as e4m3 high parts and the e4m3 rounding of what
+// they leave, first value in the low byte: high + low keeps ~8 significant bits (bf16's), and
+// S = K (high + low) takes two e4m3 products where one 16-bit product would need every key
+// fragment widened. An inf becomes NaN (the row's logits are NaN, as with the 16-bit math).
+__device__ __forceinline__ void split_into_e4m3x4(const float (&values)[4], uint32_t& high, uint32_t& low) {
+  high = low = 0;
 #pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const float low = fabsf(__uint_as_float(words[w] << 16)), high = fabsf(__uint_as_float(words[w] & 0xffff0000u));
-    largest = fmaxf(largest, fmaxf(low <= FLT_MAX ? low : 0.0f, high <= FLT_MAX ? high : 0.0f));
+  for (int pair = 0; pair < 2; ++pair) {
+    float first = values[2 * pair], second = values[2 * pair + 1];
+    first = fabsf(first) <= FLT_MAX ? first : NAN;  // satfinite would make inf 448
+    second = fabsf(second) <= FLT_MAX ? second : NAN;
+    const __nv_fp8x2_storage_t top = __nv_cvt_float2_to_fp8x2(make_float2(first, second), __NV_SATFINITE, __NV_E4M3);
+    const float2 rounded = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(top, __NV_E4M3)));
+    const __nv_fp8x2_storage_t rest = __nv_cvt_float2_to_fp8x2(
+        make_float2(first - rounded.x, second - rounded.y), __NV_SATFINITE, __NV_E4M3);
+    high |= uint32_t(top) << (16 * pair);
+    low |= uint32_t(rest) << (16 * pair);
   }
 }
 
-// The tile's query rows as the e4m3 operand of S (the alternating kernel, 64 lines) or S^T (the
-// narrow kernel, 16 / 32 lines): 9 blocks of [lines][64 bytes], 64-byte swizzled
-// (raw_fp8_offset), by kThreads threads, which then meet at named barrier `barrier`; rows past
-// rows_here are zeros. kThreads / kRows consecutive threads share a row (its loads are
-// contiguous, its maximum a few shuffles).
+// The tile's query rows as the e4m3 operand of S (the alternating kernel, fp8 q: 64 lines) or S^T
+// (the narrow kernel: kRows = 16 / 32 lines, 2 kRows when split): 9 blocks of [lines][64
+// bytes], 64-byte swizzled (raw_fp8_offset), by kThreads threads, which then meet at named
+// barrier `barrier`; rows past rows_here are zeros. kThreads / kRows consecutive threads share
+// a row (its loads are contiguous, its maximum a few shuffles).
 // - fp8 q (kSplit false): copied as it is, kRows lines.
 // - bf16 q (kSplit true): 2 kRows lines, line r the high e4m3 parts of row r and line kRows + r
 //   the low ones (split_into_e4m3x4), after scaling the row by 2^-s so that its largest finite
@@ -274,9 +246,9 @@ struct ValueTransposer {
   }
 };
 
-// The alternating kernel's producer warpgroup with an FP8 cache (`thread` 0..127): each
-// landed raw tile (raw stage tile % 2) is transposed into value tile tile % kValueTiles
-// (values_full: 128 arrivals) once both warpgroups' O += P V of the tile kValueTiles before
+// The alternating kernel's producer warpgroup with fp8 q and cache (`thread` 0..127): each
+// landed raw tile (raw stage tile % 2) is transposed into value tile tile % kFp8ValueTiles
+// (values_full: 128 arrivals) once both warpgroups' O += P V of the tile kFp8ValueTiles before
 // has released it (values_empty). A raw stage is free again when its owner's S and the
 // transposition have read it (raw_empty: 256 arrivals). S needs only the raw tile, so the next
 // tiles' S can start while the value tiles are still held. Thread 0 also issues the loads:
@@ -285,8 +257,7 @@ struct ValueTransposer {
 // three, 0-8% slower; three raw stages with two value tiles, 5-10% slower; refilling a stage
 // sooner, by thread 0 polling the stages instead of blocking (1.8-1.9x slower) or by the owner
 // warpgroup right after its S (11-16% slower).
-constexpr int kFp8RawStages = 2;
-template <int kValueTiles>
+constexpr int kFp8RawStages = 2, kFp8ValueTiles = 3;
 __device__ __forceinline__ void load_and_transpose_value_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
                                                                const int32_t* table_row, const KeyRange& range,
                                                                uint8_t* raw_stages, uint8_t* value_tiles,
@@ -303,14 +274,14 @@ __device__ __forceinline__ void load_and_transpose_value_tiles(const CUtensorMap
     if (range.tiles > 1) loader.read_pages(1);
   }
   for (int tile = 0; tile < range.tiles; ++tile) {
-    const int raw_stage = tile % kFp8RawStages, value_stage = tile % kValueTiles;
+    const int raw_stage = tile % kFp8RawStages, value_stage = tile % kFp8ValueTiles;
     mbarrier_wait(&landed[raw_stage], (tile / kFp8RawStages) % 2);
     // Tile 1 only once tile 0 has landed (see produce_key_tiles).
     if (thread == 0 && tile == 0 && range.tiles > 1) {
       loader.issue(1, 1, &landed[1]);
       if (range.tiles > 2) loader.read_pages(2);
     }
-    if (tile >= kValueTiles) mbarrier_wait(&values_empty[value_stage], (tile / kValueTiles - 1) % 2);
+    if (tile >= kFp8ValueTiles) mbarrier_wait(&values_empty[value_stage], (tile / kFp8ValueTiles - 1) % 2);
     __syncwarp();  // ldmatrix / stmatrix: whole warps
     transposer.run(raw_stages + raw_stage * kRawFp8StageBytes, value_tiles + value_stage * kValueTileBytes,
                    range.length - (range.begin + tile * kTileKeys), warp, lane);

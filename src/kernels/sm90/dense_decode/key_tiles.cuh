@@ -5,10 +5,11 @@
 // dims, each [64 lines][128 bytes] with the 128-byte swizzle (wgmma.cuh): K-major for S (line =
 // key) and, read N/M-major, V for the output. The producer (one thread) walks the block table
 // and issues one TMA box per 64 dims x min(page, 64) tokens; FP8 caches land as 9 blocks of
-// [64 lines][64 bytes], 64-byte swizzled, read raw by e4m3 wgmma and by the V loads of both
-// kernels (fp8_tiles.cuh, fp8_fragments.cuh). Slots past the sequence end are zeroed in shared
-// memory before use, or (e4m3 products) their P and V are zero (unused cache slots may hold
-// NaN, pages past the end are never read), so masked keys multiply finite zeros.
+// [64 lines][64 bytes]: plain for the alternating kernel, each in the upper half of its 16-bit
+// block, which its producer warpgroup widens in place (widen_key_tile_in_place); 64-byte swizzled
+// for the narrow kernel, which widens in registers (fp8_fragments.cuh). Slots past the
+// sequence end are zeroed in shared memory before use (unused cache slots may hold NaN, pages
+// past the end are never read), so masked keys multiply finite zeros.
 #pragma once
 
 #include <cfloat>
@@ -41,35 +42,138 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid,
 }
 
 // The alternating kernel's producer warpgroup: it issues the loads and, with an FP8 cache,
-// transposes V (fp8_tiles.cuh).
+// widens each tile (16-bit q, here) or transposes V (fp8 q, fp8_tiles.cuh).
 constexpr int kAlternatingProducerThreads = 128;
 
-// A 16-bit q's rows of the tile (bf16 with a bf16 cache, fp16 with fp16) into the swizzled
-// layout (kLines lines), by `kThreads` threads that then meet at named barrier `barrier` (rows
-// past rows_here are zeros). All of a thread's copies are in flight at once (cp.async): Q is
-// every CTA's fixed cost. (With an FP8 cache q becomes e4m3 lines: fp8_tiles.cuh
-// load_e4m3_query_rows.)
-template <int kLines, int kThreads>
-__device__ __forceinline__ void load_query_tile(const SplitArgs& args, int batch_index, int first_row, int rows_here,
-                                                uint8_t* query, int barrier) {
+// An FP8 key tile widened in place into the 16-bit swizzled tile, by the kAlternatingProducerThreads
+// threads of the alternating kernel's producer warpgroup. The TMA lands raw block b (64 lines x
+// 64 bytes, plain) in the upper half of 16-bit block b, so widening block b overwrites only its
+// own raw bytes: before any thread writes block b, every thread holds its bytes of it in
+// registers (named barrier `barrier`). The loads of block b + 1 are issued right after that
+// barrier, so their latency hides behind block b's conversion and stores. Lines are widened
+// whether or not they hold keys (the consumers zero the lines past the sequence end).
+constexpr int kRawInBlockOffset = kSwizzleBlockBytes / 2;  // 4 KB: the raw block in its 16-bit block
+static_assert(kTileKeys * 64 == kSwizzleBlockBytes - kRawInBlockOffset, "a raw block fills the upper half");
+template <bool kHalf>
+__device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int thread, int barrier) {
+  constexpr int kUnits = kTileKeys * 8;  // 8 bytes (one 16-byte chunk once widened) per unit
+  constexpr int kLineStep = kAlternatingProducerThreads / 8, kUnitsPerThread = kUnits / kAlternatingProducerThreads;
+  static_assert(kUnitsPerThread * kAlternatingProducerThreads == kUnits && kLineStep % 8 == 0,
+                "whole units per thread; a thread's lines share their swizzle (line % 8)");
+  const int chunk = thread % 8, first_line = thread / 8;
+  const int source = kRawInBlockOffset + first_line * 64 + chunk * 8;
+  const int destination = first_line * 128 + (chunk ^ (first_line % 8)) * 16;
+  auto load = [&](int block, uint2 (&bytes)[kUnitsPerThread]) {
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      bytes[j] = *reinterpret_cast<const uint2*>(tile + block * kSwizzleBlockBytes + source + j * kLineStep * 64);
+    }
+  };
+  uint2 bytes[2][kUnitsPerThread];  // blocks b and b + 1
+  __syncwarp();  // thread 0 may come from issuing loads: bar.sync wants whole warps
+  load(0, bytes[0]);
+#pragma unroll
+  for (int block = 0; block < kDimBlocks; ++block) {
+    sync_named(barrier, kAlternatingProducerThreads);  // every thread holds its bytes of raw block `block`
+    if (block + 1 < kDimBlocks) load(block + 1, bytes[(block + 1) % 2]);
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      *reinterpret_cast<uint4*>(tile + block * kSwizzleBlockBytes + destination + j * kLineStep * 128) =
+          widen_fp8x8<kHalf>(bytes[block % 2][j]);
+    }
+  }
+}
+
+// How a kernel gets a 16-bit q into its 16-bit math type (an fp8 q takes the e4m3 paths:
+// fp8_tiles.cuh load_e4m3_query_rows).
+enum class QueryLoad {
+  kCopy,        // q already has the math type (bf16 with a bf16 cache, fp16 with fp16)
+  kBf16ToHalf,  // bf16 q, fp8 cache (math in fp16): q * 2^-s with s from the tile's amax
+};
+template <bool kHalf, bool kFp8Cache>
+constexpr QueryLoad query_load() {
+  return kHalf && kFp8Cache ? QueryLoad::kBf16ToHalf : QueryLoad::kCopy;
+}
+
+// `largest` raised to the largest |value| of the 8 bf16 values in `values`, finite ones only: an
+// inf or NaN in one query row must not switch a row's or tile's scaling off (it reaches its own
+// row's logits through the scaled value itself).
+__device__ __forceinline__ void raise_to_largest_finite_bf16(float& largest, const uint4& values) {
+  const uint32_t words[4] = {values.x, values.y, values.z, values.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const float low = fabsf(__uint_as_float(words[w] << 16)), high = fabsf(__uint_as_float(words[w] & 0xffff0000u));
+    largest = fmaxf(largest, fmaxf(low <= FLT_MAX ? low : 0.0f, high <= FLT_MAX ? high : 0.0f));
+  }
+}
+
+// The tile's query rows into the swizzled layout (kLines lines) in the math type, by `kThreads`
+// threads that then meet at named barrier `barrier` (rows past rows_here are zeros). All of a
+// thread's loads are in flight at once (cp.async, or a register batch): Q is every CTA's fixed
+// cost. Returns the factor the logits must be multiplied by: 2^s for kBf16ToHalf, where s
+// brings the tile's largest |q| just under 2^15 (fp16's range; the values keep their 11-bit
+// precision unless 2^-29 times smaller than the largest), else 1.
+template <bool kHalf, QueryLoad kMode, int kLines, int kThreads>
+__device__ __forceinline__ float load_query_tile(const SplitArgs& args, int batch_index, int first_row,
+                                                 int rows_here, uint8_t* query, int barrier) {
   constexpr int kUnitsPerLine = kHeadDim / 8;
   constexpr int kUnitsPerThread = kLines * kUnitsPerLine / kThreads;
   static_assert(kUnitsPerThread * kThreads == kLines * kUnitsPerLine, "whole units per thread");
+  int64_t offsets[kUnitsPerThread];
 #pragma unroll
   for (int j = 0; j < kUnitsPerThread; ++j) {
     const int unit = threadIdx.x + j * kThreads;
     const int row = unit / kUnitsPerLine, dim = (unit % kUnitsPerLine) * 8;
-    uint8_t* destination = query + tile_offset<kLines>(row, dim);
-    if (row < rows_here) {
-      copy_async_16(destination, args.q + 2 * (query_row_offset(args, batch_index, first_row + row) + dim));
-    } else {
-      *reinterpret_cast<uint4*>(destination) = make_uint4(0, 0, 0, 0);
-    }
+    const int m = first_row + row;
+    offsets[j] = row < rows_here ? query_row_offset(args, batch_index, m) + dim : -1;
   }
-  commit_async_copies();
-  wait_async_copies<0>();
+  auto destination = [&](int j) {
+    const int unit = threadIdx.x + j * kThreads;
+    return query + tile_offset<kLines>(unit / kUnitsPerLine, (unit % kUnitsPerLine) * 8);
+  };
+  float logit_factor = 1.0f;
+  if constexpr (kMode == QueryLoad::kBf16ToHalf) {
+    __shared__ int largest_bits;  // max |q| of the tile, as the bits of a non-negative float
+    uint4 values[kUnitsPerThread];
+    float largest = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      values[j] = offsets[j] >= 0 ? *reinterpret_cast<const uint4*>(args.q + 2 * offsets[j]) : make_uint4(0, 0, 0, 0);
+      raise_to_largest_finite_bf16(largest, values[j]);
+    }
+    if (threadIdx.x == 0) largest_bits = 0;
+    sync_named(barrier, kThreads);
+    atomicMax(&largest_bits, __float_as_int(largest));  // non-negative floats order as their bits
+    sync_named(barrier, kThreads);
+    const float amax = __int_as_float(largest_bits);
+    const int shift = amax > 0.0f ? max(-126, ilogbf(amax) - 14) : 0;  // <= 127 - 14
+    const float down = __int_as_float((127 - shift) << 23);  // 2^-shift, exact
+    logit_factor = __int_as_float((127 + shift) << 23);
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      const uint32_t words[4] = {values[j].x, values[j].y, values[j].z, values[j].w};
+      uint32_t packed[4];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        packed[w] = pack_two<true>(__uint_as_float(words[w] << 16) * down, __uint_as_float(words[w] & 0xffff0000u) * down);
+      }
+      *reinterpret_cast<uint4*>(destination(j)) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      if (offsets[j] >= 0) {
+        copy_async_16(destination(j), args.q + 2 * offsets[j]);
+      } else {
+        *reinterpret_cast<uint4*>(destination(j)) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    commit_async_copies();
+    wait_async_copies<0>();
+  }
   fence_shared_for_async_proxy();
   sync_named(barrier, kThreads);
+  return logit_factor;
 }
 
 // Every split kernel's first step: the loads that need nothing but the kernel arguments start
@@ -93,11 +197,11 @@ __device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, 
 // Issues a split's key tiles by TMA (one thread): reads the block-table entries of a tile's
 // pages (only pages that hold keys of the sequence: entries past its end may be garbage) and
 // issues one box per 64 dims per page, counted on the barrier `issue` is given. Block b of stage s lands at
-// stages + s * kStageStride + b * kBlockStride (packed).
-template <bool kFp8Cache>
+// stages + s * kStageStride + b * kBlockStride (by default packed; the alternating kernel's FP8
+// tiles land in the upper half of each 16-bit block, see widen_key_tile_in_place).
+template <bool kFp8Cache, int kBlockStride = kTileKeys * (kFp8Cache ? 64 : 128), int kStageStride = kDimBlocks * kBlockStride>
 struct KeyTileLoader {
   static constexpr int kLineBytes = kFp8Cache ? 64 : 128;  // one box line: 64 dims
-  static constexpr int kBlockStride = kTileKeys * kLineBytes, kStageStride = kDimBlocks * kBlockStride;
   static constexpr int kMaxBoxes = kTileKeys / 16;         // pages per tile at the smallest page size
   const CUtensorMap* cache_map;
   const SplitArgs& args;
@@ -171,6 +275,42 @@ __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, 
   }
 }
 
+// The alternating kernel's producer warpgroup with an FP8 cache (kAlternatingProducerThreads threads,
+// `thread` 0..127; thread 0 also issues the loads): two 16-bit stages, each tile landed raw
+// (on `landed`) and widened in place, then `full` (kAlternatingProducerThreads arrivals). Refills follow
+// the consumers' pairs: tile a's stage comes back only after tile b's scores, i.e. after b
+// is widened, so once the pair's second tile is widened thread 0 waits for both stages and
+// issues the next pair (its first tile first).
+template <bool kHalf>
+__device__ __forceinline__ void load_and_widen_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
+                                                         const int32_t* table_row, const KeyRange& range,
+                                                         uint8_t* stages, uint64_t* landed, uint64_t* full,
+                                                         uint64_t* empty, int thread, int barrier) {
+  KeyTileLoader<true, kSwizzleBlockBytes, kTileBlockBytes> loader(cache_map, args, table_row, range,
+                                                                  stages + kRawInBlockOffset);
+  if (thread == 0) {
+    loader.read_pages(0);
+    loader.issue(0, 0, &landed[0]);
+    if (range.tiles > 1) loader.read_pages(1);
+  }
+  for (int tile = 0; tile < range.tiles; ++tile) {
+    mbarrier_wait(&landed[tile % 2], (tile / 2) % 2);
+    // Tile 1 only once tile 0 has landed (see produce_key_tiles).
+    if (tile == 0 && thread == 0 && range.tiles > 1) loader.issue(1, 1, &landed[1]);
+    widen_key_tile_in_place<kHalf>(stages + (tile % 2) * kTileBlockBytes, thread, barrier);
+    fence_shared_for_async_proxy();  // the consumers' wgmma reads the tile
+    mbarrier_arrive(&full[tile % 2]);
+    if (thread == 0 && tile % 2 == 1) {
+#pragma unroll 1
+      for (int next = tile + 1; next <= tile + 2 && next < range.tiles; ++next) {
+        loader.read_pages(next);
+        mbarrier_wait(&empty[next % 2], (next / 2 - 1) % 2);
+        loader.issue(next, next % 2, &landed[next % 2]);
+      }
+    }
+  }
+}
+
 // Keeps the compiler from moving reads of wgmma accumulators above the wait that makes them
 // valid (the wait names no registers).
 template <int kCount>
@@ -233,12 +373,18 @@ constexpr int kAlternatingThreads = kConsumerThreads + kAlternatingProducerThrea
 // Registers per thread after the role split (setmaxnreg): 2 x 128 x 240 + 128 x 24 = 63 K.
 // The consumers hold 128 fp32 output accumulators each; the producer needs a handful.
 constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
-// With an FP8 cache (e4m3 math) the consumers hold no Q fragments and P in e4m3, and the
-// producer's transposition keeps 8 steps of ldmatrix results in flight (fp8_tiles.cuh; with 40
-// or 56 registers it spilled).
+// With an FP8 cache the producer warpgroup also widens (bf16 q), holding two 64-dim blocks of
+// raw bytes (with 40 registers it spilled, 2-6% slower), or transposes V (fp8 q; 40 spilled
+// too): 2 x 128 x 224 + 128 x 56 also fills the 168 x 384 of the launch (240 + 32 hung:
+// register_split_fits).
+constexpr int kFp8ConsumerRegisters = 224, kFp8ProducerRegisters = 56;
+// With fp8 q (e4m3 math) the consumers hold half the P registers and no Q fragments, and the
+// producer's transposition keeps 8 steps of ldmatrix results in flight (fp8_tiles.cuh).
 constexpr int kFp8MathConsumerRegisters = 216, kFp8MathProducerRegisters = 72;
 static_assert(register_split_fits(kAlternatingThreads, kConsumerThreads, kConsumerRegisters, 128,
                                   kProducerRegisters) &&
+                  register_split_fits(kAlternatingThreads, kConsumerThreads, kFp8ConsumerRegisters, 128,
+                                      kFp8ProducerRegisters) &&
                   register_split_fits(kAlternatingThreads, kConsumerThreads, kFp8MathConsumerRegisters, 128,
                                       kFp8MathProducerRegisters),
               "the consumers' setmaxnreg.inc must be satisfiable");
@@ -283,95 +429,6 @@ __device__ __forceinline__ void store_alternating_output(const SplitArgs& args, 
                        output[i] * normalizer, output[i + 1] * normalizer, empty_row);
     }
     if (warpgroup == 0 && lane % 4 == 0) store_row_lse(args, destination, batch_index, m, lse2);
-  }
-}
-
-// O += P V on e4m3 tensor cores (the 64-row kernel with an FP8 cache and a 16-bit q, whose P
-// is two e4m3 parts) adds each wgmma step to its fp32 accumulators at ~13 bits of the running
-// sum, an error that grows as the square root of the steps (~4e-3 relative on the output after
-// 256 tiles, 1024 steps). So a CTA with more than kFp8PromotionTiles tiles moves O out of the
-// accumulators into fp32 rows of the workspace (its own partial rows, which the workspace holds
-// even for one split) every kFp8PromotionTiles tiles or fewer and starts them afresh; before
-// the epilogue the rows come back into O. (With fp8 q, P's rounding to one e4m3 part dominates
-// the error: no promotion.)
-constexpr int kFp8PromotionTiles = 128;
-
-// Accumulator i of a consumer thread: row row0 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (lane %
-// 4) + i % 2 of the warpgroup's 256. `rows[half]`: the thread's first column in the workspace
-// row of row0 + 8 half, null past rows_here (neither read nor written: no keys, O is 0).
-struct PromotedRows {
-  float* rows[2];
-  __device__ __forceinline__ PromotedRows(const SplitArgs& args, int split, int batch_index, int first_row,
-                                          int rows_here, int warpgroup, int lane, int row0) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = row0 + 8 * half;
-      rows[half] = row < rows_here
-                       ? partial_output_row(args, split, batch_index, first_row + row) + warpgroup * 256 + 2 * (lane % 4)
-                       : nullptr;
-    }
-  }
-  __device__ __forceinline__ float* pair_of(int i) const { return rows[(i / 2) % 2] + 8 * (i / 4); }
-};
-
-// O into the rows and O = 0: a row whose `overwrite[half]` is set takes O as it is (the first
-// promotion, or O's scale has outgrown the row's: below), any other adds O * factor[half] (>= 1,
-// from O's scale up to the row's) with fire-and-forget reductions in L2, so that no promotion
-// waits for a load.
-__device__ __forceinline__ void promote_output(const PromotedRows& promoted, const bool (&overwrite)[2],
-                                               const float (&factor)[2], float (&output)[128]) {
-#pragma unroll
-  for (int i = 0; i < 128; i += 2) {
-    const int half = (i / 2) % 2;
-    if (promoted.rows[half] != nullptr) {
-      float* pair = promoted.pair_of(i);
-      if (overwrite[half]) {
-        *reinterpret_cast<float2*>(pair) = make_float2(output[i], output[i + 1]);
-      } else {
-        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(pair), "f"(output[i] * factor[half]),
-                     "f"(output[i + 1] * factor[half])
-                     : "memory");
-      }
-    }
-    output[i] = output[i + 1] = 0.0f;
-  }
-}
-
-// O += the rows * factor[half] (<= 1, from the rows' scale down to O's), before the epilogue.
-// Loads go in batches of 16 pairs, each batch in flight together.
-__device__ __forceinline__ void take_back_promoted_output(const PromotedRows& promoted, const float (&factor)[2],
-                                                          float (&output)[128]) {
-  constexpr int kPairsPerBatch = 16;
-#pragma unroll
-  for (int batch = 0; batch < 64 / kPairsPerBatch; ++batch) {
-    float2 stored[kPairsPerBatch];
-#pragma unroll
-    for (int j = 0; j < kPairsPerBatch; ++j) {
-      const int i = 2 * (kPairsPerBatch * batch + j), half = (i / 2) % 2;
-      stored[j] = promoted.rows[half] != nullptr ? *reinterpret_cast<const float2*>(promoted.pair_of(i))
-                                                 : make_float2(0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int j = 0; j < kPairsPerBatch; ++j) {
-      const int i = 2 * (kPairsPerBatch * batch + j), half = (i / 2) % 2;
-      output[i] = fmaf(stored[j].x, factor[half], output[i]);
-      output[i + 1] = fmaf(stored[j].y, factor[half], output[i + 1]);
-    }
-  }
-}
-
-// The rows take_back_promoted_output will read, brought into L2 a little ahead of it (their
-// last write, a promotion up to 128 tiles earlier, may be evicted by the cache stream): each
-// lane of a quad takes 2 of the 8 128-byte lines of the warpgroup's columns of its two rows.
-__device__ __forceinline__ void prefetch_promoted_output(const PromotedRows& promoted, int lane) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (promoted.rows[half] == nullptr) continue;
-    const float* columns = promoted.rows[half] - 2 * (lane % 4);
-#pragma unroll
-    for (int line = 2 * (lane % 4); line < 2 * (lane % 4) + 2; ++line) {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(columns + 32 * line));
-    }
   }
 }
 

@@ -47,14 +47,13 @@
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
 #include "kernels/sm90/launch_dependencies.cuh"
-#include "plan/decode_plan.h"
 
 namespace openmla::kernels::sm90 {
 
-constexpr int kNarrowRows = int(kDecodeNarrowMaxRows);  // the most query rows of the narrow kernel's tile (16 or 32)
+constexpr int kNarrowRows = 32;  // the most query rows of the narrow kernel's tile (16 or 32)
 constexpr int kNarrowGroupThreads = 128;  // one consumer warpgroup
-// The launcher's choice of kernel. 32 rows are Sq 2 x 16 heads (speculative decoding at tensor
-// parallelism 8) or 32 heads.
+// The launcher's choice of kernel (it also picks the FP8 cache's TMA swizzle). 32 rows are
+// Sq 2 x 16 heads (speculative decoding at tensor parallelism 8) or 32 heads.
 __host__ __device__ constexpr bool uses_narrow_kernel(int rows) { return rows <= kNarrowRows; }
 
 template <bool kFp8Cache, int kRows>
@@ -220,7 +219,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     if constexpr (kFp8Cache) {
       load_e4m3_query_rows<kRows, kNarrowGroupThreads, !kFp8Q>(args, batch_index, 0, rows_here, query, row_factors, 1);
     } else {
-      load_query_tile<kRows, kNarrowGroupThreads>(args, batch_index, 0, rows_here, query, 1);
+      load_query_tile<kHalf, QueryLoad::kCopy, kRows, kNarrowGroupThreads>(args, batch_index, 0, rows_here, query, 1);
     }
   }
   consumers.sync();
