@@ -257,6 +257,29 @@ float median(std::vector<float> values) {
   return values[values.size() / 2];
 }
 
+// Median microseconds of `runs` timed calls of work() on `stream` (CUDA events), after `warm`
+// untimed ones.
+template <typename Work>
+float median_us(cudaStream_t stream, int warm, int runs, Work work) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  for (int run = 0; run < warm; ++run) work();
+  std::vector<float> times;
+  for (int run = 0; run < runs; ++run) {
+    check(cudaEventRecord(start, stream), "record");
+    work();
+    check(cudaEventRecord(stop, stream), "record");
+    check(cudaEventSynchronize(stop), "timed run");
+    float ms = 0.0f;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    times.push_back(ms * 1000.0f);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return median(times);
+}
+
 // Microseconds per call: a graph of kCalls calls (sources rotating through `copies`), replayed.
 // Negative if the structure cannot be captured or launched here (the error is printed).
 float time_calls(Structure structure, FloorArgs args, int64_t op_bytes, int copies, int splits, cudaStream_t stream) {
@@ -284,46 +307,18 @@ float time_calls(Structure structure, FloorArgs args, int64_t op_bytes, int copi
     cudaGetLastError();
     return -1.0f;
   }
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  for (int warm = 0; warm < 3; ++warm) check(cudaGraphLaunch(executable, stream), "graph launch");
-  std::vector<float> times;
-  for (int replay = 0; replay < kReplays; ++replay) {
-    check(cudaEventRecord(start, stream), "record");
-    check(cudaGraphLaunch(executable, stream), "graph launch");
-    check(cudaEventRecord(stop, stream), "record");
-    check(cudaEventSynchronize(stop), "replay");
-    float ms = 0.0f;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    times.push_back(ms * 1000.0f / kCalls);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  const float us = median_us(stream, 3, kReplays, [&] { check(cudaGraphLaunch(executable, stream), "graph launch"); });
   cudaGraphExecDestroy(executable);
-  return median(times);
+  return us / kCalls;
 }
 
 // Microseconds of one plain launch of the stream over `bytes` with `ctas` CTAs (a cache larger
 // than L2: no rotation needed), median of 10.
 float time_stream(FloorArgs args, int64_t bytes, int ctas, cudaStream_t stream) {
   args.bytes_per_cta = (bytes / ctas) / 1024 * 1024;
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  std::vector<float> times;
-  for (int run = 0; run < 12; ++run) {
-    check(cudaEventRecord(start, stream), "record");
+  return median_us(stream, 2, 10, [&] {
     check(launch(stream_kernel<After::kNothing>, ctas, kSharedBytes, stream, false, false, args), "stream");
-    check(cudaEventRecord(stop, stream), "record");
-    check(cudaEventSynchronize(stop), "stream");
-    float ms = 0.0f;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    if (run >= 2) times.push_back(ms * 1000.0f);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return median(times);
+  });
 }
 
 }  // namespace
@@ -388,20 +383,9 @@ int main() {
   }
   {
     const int64_t copy_bytes = pool_bytes / 2;
-    cudaEvent_t start, stop;
-    check(cudaEventCreate(&start), "event");
-    check(cudaEventCreate(&stop), "event");
-    std::vector<float> times;
-    for (int run = 0; run < 7; ++run) {
-      check(cudaEventRecord(start, stream), "record");
+    const float us = median_us(stream, 2, 5, [&] {
       check(cudaMemcpyAsync(pool + copy_bytes, pool, copy_bytes, cudaMemcpyDeviceToDevice, stream), "copy");
-      check(cudaEventRecord(stop, stream), "record");
-      check(cudaEventSynchronize(stop), "copy");
-      float ms = 0.0f;
-      check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-      if (run >= 2) times.push_back(ms * 1000.0f);
-    }
-    const float us = median(times);
+    });
     std::printf("%-20s %6s %-40s %10.1f %10.0f  (read + written)\n", "copy ceiling", "-", "cudaMemcpyAsync D2D", us,
                 2.0 * double(copy_bytes) / (us * 1e3));
   }
