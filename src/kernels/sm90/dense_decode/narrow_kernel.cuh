@@ -43,6 +43,8 @@
 // Limits: Sq * Hq <= 32 (tiles of 16 or 32 rows).
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/sm90/dense_decode/fp8_tiles.cuh"
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
@@ -85,8 +87,12 @@ struct NarrowLayout {
   static constexpr int kBarriers = kRowFactors + kRows * 4;
   static constexpr int kBytes = kBarriers + (kStages * kGroups + kStages + 1) * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
-  // After the last tile the output is staged in the key stages: [kRows][512] floats.
-  static_assert(kRows * kLatentDim * 4 <= kStages * kStageBytes, "output staging fits the stages");
+  // After the last tile the output is staged in the key stages: [kRows][512 + 4] floats (the
+  // padding puts the 4 rows that one store instruction of a warp writes in distinct banks), then
+  // each row's destination offset (int64).
+  static constexpr int kStagedRowFloats = kLatentDim + 4;
+  static constexpr int kStagedRowOffsets = kRows * kStagedRowFloats * 4;
+  static_assert(kStagedRowOffsets + kRows * 8 <= kStages * kStageBytes, "output staging fits the stages");
   static_assert(kKeys % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled stages are 1024-byte aligned");
   static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
 };
@@ -479,8 +485,13 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     }
   }
   // Normalised O^T -> shared [row][dim] floats, summed over the groups in turn (the key stages
-  // are free: every tile landed and was consumed), so that rows are stored contiguously.
+  // are free: every tile landed and was consumed), so that rows are stored contiguously; and
+  // each row's destination, once per row (the stores below then run as independent shared
+  // loads and global stores: computed per stored quad, its division by the head count and
+  // 64-bit index chain serialised every quad, 3-6 us of D2's op on an H100, perf log session 15).
   float* staged = reinterpret_cast<float*>(shared + Layout::kKeys);
+  int64_t* row_offsets = reinterpret_cast<int64_t*>(shared + Layout::kKeys + Layout::kStagedRowOffsets);
+  if (threadIdx.x < rows_here) row_offsets[threadIdx.x] = destination_row_offset(args, destination, batch_index, threadIdx.x);
 #pragma unroll
   for (int g = 0; g < Layout::kGroups; ++g) {
     if (group == g) {
@@ -490,7 +501,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
         for (int i = 0; i < kRows / 2; ++i) {
           const int row = accumulator_row(warp, lane, i);  // of O^T: a dim
           const int dim = kFp8Cache ? value_dim_of_row(block, row) : 64 * block + row;
-          float& value = staged[row_of_slot(slot_of(i)) * kLatentDim + dim];
+          float& value = staged[row_of_slot(slot_of(i)) * Layout::kStagedRowFloats + dim];
           value = (g == 0 ? 0.0f : value) + output[block][i] * normalizer[slot_of(i)];
         }
       }
@@ -499,11 +510,18 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   }
   // (A row without keys stores zeros; with several splits its LSE is -inf, so the combine
   // step never reads them.)
+  auto store_staged_rows = [&](auto final_output) {
 #pragma unroll 4  // several quads' loads and stores in flight: a visible part of D4's epilogue
-  for (int index = threadIdx.x; index < rows_here * (kLatentDim / 4); index += Layout::kConsumers) {
-    const int row = index / (kLatentDim / 4), column = 4 * (index % (kLatentDim / 4));
-    store_value_quad(args, destination, batch_index, row, column,
-                     *reinterpret_cast<const float4*>(&staged[row * kLatentDim + column]));
+    for (int index = threadIdx.x; index < rows_here * (kLatentDim / 4); index += Layout::kConsumers) {
+      const int row = index / (kLatentDim / 4), column = 4 * (index % (kLatentDim / 4));
+      store_value_quad<decltype(final_output)::value>(
+          args, row_offsets[row], column, *reinterpret_cast<const float4*>(&staged[row * Layout::kStagedRowFloats + column]));
+    }
+  };
+  if (destination.final_output) {
+    store_staged_rows(std::true_type{});
+  } else {
+    store_staged_rows(std::false_type{});
   }
 }
 

@@ -327,13 +327,25 @@ __device__ __forceinline__ void store_value_pair(const SplitArgs& args, const Ou
   }
 }
 
-// The same for four consecutive values (column a multiple of 4): one 8-byte or 16-byte store.
-__device__ __forceinline__ void store_value_quad(const SplitArgs& args, const OutputDestination& destination,
-                                                 int batch_index, int m, int column, float4 values) {
-  if (destination.final_output) {
-    store_bf16_quad(output_row(args, batch_index, m) + column, values);
+// Where row m's values go, in elements of its destination: of out (bf16) when the request uses
+// one split, of partial_out (fp32) otherwise. For a loop that stores many quads of few rows
+// (store_value_quad): taken once per row, the division by the head count and the 64-bit index
+// chain stay out of the loop.
+__device__ __forceinline__ int64_t destination_row_offset(const SplitArgs& args, const OutputDestination& destination,
+                                                          int batch_index, int m) {
+  return destination.final_output ? output_row(args, batch_index, m) - args.out
+                                  : partial_output_row(args, destination.split, batch_index, m) - args.partial_out;
+}
+
+// Four consecutive values (column a multiple of 4) of the row at `row_offset`
+// (destination_row_offset; kFinalOutput: destination.final_output, a template argument so that
+// a loop of stores has no branch): one 8-byte or 16-byte store.
+template <bool kFinalOutput>
+__device__ __forceinline__ void store_value_quad(const SplitArgs& args, int64_t row_offset, int column, float4 values) {
+  if constexpr (kFinalOutput) {
+    store_bf16_quad(args.out + row_offset + column, values);
   } else {
-    *reinterpret_cast<float4*>(partial_output_row(args, destination.split, batch_index, m) + column) = values;
+    *reinterpret_cast<float4*>(args.partial_out + row_offset + column) = values;
   }
 }
 
