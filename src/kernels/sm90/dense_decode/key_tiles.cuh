@@ -403,32 +403,46 @@ __device__ __forceinline__ void query_fragment(const uint8_t* query, int step, i
 // The 256 consumer threads only (the producer warpgroup is not part of it).
 __device__ __forceinline__ void sync_consumers() { sync_named(1, kConsumerThreads); }
 
-// The alternating kernel's epilogue for one consumer warpgroup: it holds O for its 256 value
+// The alternating kernel's output rows staged in shared memory (store_staged_rows): [64][512 + 8]
+// floats (the padding puts the 4 rows that one float2 staging store of a warp writes in
+// distinct banks), then each row's destination offset (int64).
+constexpr int kAlternatingStagedRowFloats = kLatentDim + 8;
+constexpr int kAlternatingStagedRowOffsets = kRowsPerTile * kAlternatingStagedRowFloats * 4;
+constexpr int kAlternatingStagingBytes = kAlternatingStagedRowOffsets + kRowsPerTile * 8;
+
+// The alternating kernel's epilogue, first part, by each consumer warpgroup (every tile
+// consumed by both, so that the key stages are free for `staging`): it holds O for its 256 value
 // columns (m64n256 accumulators) and, for rows row0 and row0 + 8 of its warp, the running
 // maximum and the row sums over its own keys, which `other_sums` ([row] of the other
-// warpgroup's sums) completes. Writes the normalised output (or the split's partial) and the LSE.
-// The sums and O may both carry a factor 2^probability_log2_scale (the FP8 path's P scale).
-__device__ __forceinline__ void store_alternating_output(const SplitArgs& args, int split, int batch_index,
-                                                         int first_row, int rows_here, int warpgroup, int lane,
-                                                         int row0, const float (&running_max)[2],
+// warpgroup's sums) completes. Writes the LSE and stages the normalised rows (the output or the
+// split's partial) with each row's destination offset; once both warpgroups have, the rows are
+// stored by store_staged_rows. The sums and O may both carry a factor 2^probability_log2_scale
+// (the FP8 path's P scale).
+__device__ __forceinline__ void stage_alternating_output(const SplitArgs& args, const OutputDestination& destination,
+                                                         int batch_index, int first_row, int rows_here, int warpgroup,
+                                                         int lane, int row0, const float (&running_max)[2],
                                                          const float (&running_sum)[2], const float* other_sums,
-                                                         const float (&output)[128], float probability_log2_scale) {
-  const OutputDestination destination = output_destination(args, split);
+                                                         const float (&output)[128], float probability_log2_scale,
+                                                         uint8_t* staging) {
+  float* staged = reinterpret_cast<float*>(staging);
+  int64_t* row_offsets = reinterpret_cast<int64_t*>(staging + kAlternatingStagedRowOffsets);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
     const float sum = running_sum[half] + other_sums[row];
     if (row >= rows_here) continue;
-    const int m = first_row + row;
     const bool empty_row = sum == 0.0f;
     const float normalizer = empty_row ? 0.0f : args.value_scale / sum;
     const float lse2 = empty_row ? -INFINITY : running_max[half] + (log2f(sum) - probability_log2_scale);
+    float* staged_row = staged + row * kAlternatingStagedRowFloats + warpgroup * 256 + 2 * (lane % 4);
 #pragma unroll
     for (int i = 2 * half; i < 128; i += 4) {
-      store_value_pair(args, destination, batch_index, m, warpgroup * 256 + 8 * (i / 4) + 2 * (lane % 4),
-                       output[i] * normalizer, output[i + 1] * normalizer, empty_row);
+      *reinterpret_cast<float2*>(staged_row + 8 * (i / 4)) = make_float2(output[i] * normalizer, output[i + 1] * normalizer);
     }
-    if (warpgroup == 0 && lane % 4 == 0) store_row_lse(args, destination, batch_index, m, lse2);
+    if (warpgroup == 0 && lane % 4 == 0) {
+      store_row_lse(args, destination, batch_index, first_row + row, lse2);
+      row_offsets[row] = destination_row_offset(args, destination, batch_index, first_row + row);
+    }
   }
 }
 

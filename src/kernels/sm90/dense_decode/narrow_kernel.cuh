@@ -43,8 +43,6 @@
 // Limits: Sq * Hq <= 32 (tiles of 16 or 32 rows).
 #pragma once
 
-#include <type_traits>
-
 #include "kernels/sm90/dense_decode/fp8_tiles.cuh"
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
@@ -87,11 +85,12 @@ struct NarrowLayout {
   static constexpr int kBarriers = kRowFactors + kRows * 4;
   static constexpr int kBytes = kBarriers + (kStages * kGroups + kStages + 1) * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
-  // After the last tile the output is staged in the key stages: [kRows][512 + 4] floats (the
-  // padding puts the 4 rows that one store instruction of a warp writes in distinct banks), then
-  // each row's destination offset (int64).
+  // After the last tile the output is staged in the key stages: [group][kRows][512 + 4] floats
+  // (the padding puts the 4 rows that one store instruction of a warp writes in distinct banks),
+  // then each row's destination offset (int64).
   static constexpr int kStagedRowFloats = kLatentDim + 4;
-  static constexpr int kStagedRowOffsets = kRows * kStagedRowFloats * 4;
+  static constexpr int kStagedGroupFloats = kRows * kStagedRowFloats;
+  static constexpr int kStagedRowOffsets = kGroups * kStagedGroupFloats * 4;
   static_assert(kStagedRowOffsets + kRows * 8 <= kStages * kStageBytes, "output staging fits the stages");
   static_assert(kKeys % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled stages are 1024-byte aligned");
   static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
@@ -235,11 +234,14 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   // 2 (i / 4) + i % 2) x 2 keys of S^T, and the same rows of O^T.
   auto slot_of = [](int i) { return 2 * (i / 4) + i % 2; };
   auto row_of_slot = [lane](int slot) { return 8 * (slot / 2) + 2 * (lane % 4) + slot % 2; };
+  // Each row's visible end once per lane (row = lane: kRows <= 32), then shuffled to the slots:
+  // per slot, its division by the head count was cold code that every CTA runs once.
+  const int lane_row_visible = row_visible_end(args, range, 0, lane, rows_here);
   int visible[kSlots];
   float logit_scale[kSlots];
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) {
-    visible[slot] = row_visible_end(args, range, 0, row_of_slot(slot), rows_here);
+    visible[slot] = __shfl_sync(0xffffffffu, lane_row_visible, row_of_slot(slot));
     logit_scale[slot] = args.logit_scale_log2 * (kFp8Cache && !kFp8Q ? row_factors[row_of_slot(slot)] : 1.0f);
   }
 
@@ -465,11 +467,19 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     }
   }
   consumers.sync();
+  // The merged rows, one thread per row (warp 0): the LSE, each group's factor into shared
+  // memory (the exchange words are free: their last reads were before the barrier above), and
+  // the row's destination offset. Written per accumulator slot instead, unrolled for every
+  // slot and group, this was ~600 instructions of code that each CTA runs once, cold: 3000
+  // (bf16, 16 rows) to 5500 cycles (32 rows, or 16 rows of the FP8 cache's three groups) between
+  // the merge and the staging, more than a D4 CTA's whole tile; now 950-1950 cycles (H100,
+  // clock64; perf log, session 16).
   const OutputDestination destination = output_destination(args, split);
-  float normalizer[kSlots];
-#pragma unroll
-  for (int slot = 0; slot < kSlots; ++slot) {
-    const int row = row_of_slot(slot);
+  float* row_factors_of_groups = reinterpret_cast<float*>(shared + Layout::kExchange);  // [group][row]
+  float* staged = reinterpret_cast<float*>(shared + Layout::kKeys);
+  int64_t* row_offsets = reinterpret_cast<int64_t*>(shared + Layout::kKeys + Layout::kStagedRowOffsets);
+  if (threadIdx.x < kRows) {
+    const int row = threadIdx.x;
     float row_max = -INFINITY;
 #pragma unroll
     for (int g = 0; g < Layout::kGroups; ++g) row_max = fmaxf(row_max, merge[(2 * g) * kRows + row]);
@@ -479,50 +489,61 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     for (int g = 0; g < Layout::kGroups; ++g) {
       sum += merge[(2 * g + 1) * kRows + row] * exp2f(merge[(2 * g) * kRows + row] - reference);
     }
-    normalizer[slot] = sum == 0.0f ? 0.0f : args.value_scale * exp2f(running_max[slot] - reference) / sum;
-    if (group == 0 && warp == 0 && lane < 4 && row < rows_here) {
+#pragma unroll
+    for (int g = 0; g < Layout::kGroups; ++g) {
+      row_factors_of_groups[g * kRows + row] =
+          sum == 0.0f ? 0.0f : args.value_scale * exp2f(merge[(2 * g) * kRows + row] - reference) / sum;
+    }
+    if (row < rows_here) {
       store_row_lse(args, destination, batch_index, row, sum == 0.0f ? -INFINITY : reference + log2f(sum));
+      row_offsets[row] = destination_row_offset(args, destination, batch_index, row);
     }
   }
-  // Normalised O^T -> shared [row][dim] floats, summed over the groups in turn (the key stages
-  // are free: every tile landed and was consumed), so that rows are stored contiguously; and
-  // each row's destination, once per row (the stores below then run as independent shared
-  // loads and global stores: computed per stored quad, its division by the head count and
-  // 64-bit index chain serialised every quad; 0.5-1% of D2 on an H100, perf log session 15).
-  float* staged = reinterpret_cast<float*>(shared + Layout::kKeys);
-  int64_t* row_offsets = reinterpret_cast<int64_t*>(shared + Layout::kKeys + Layout::kStagedRowOffsets);
-  if (threadIdx.x < rows_here) row_offsets[threadIdx.x] = destination_row_offset(args, destination, batch_index, threadIdx.x);
+  consumers.sync();
+  float normalizer[kSlots];
 #pragma unroll
-  for (int g = 0; g < Layout::kGroups; ++g) {
-    if (group == g) {
+  for (int slot = 0; slot < kSlots; ++slot) normalizer[slot] = row_factors_of_groups[group * kRows + row_of_slot(slot)];
+  // Each group's normalised O^T -> shared [row][dim] floats, all groups at once into rows of
+  // their own (the key stages are free: every tile landed and was consumed), so that rows are
+  // stored contiguously and the groups' parts are summed as they are stored (staged into one
+  // set of rows group after group, a barrier each, FP8 D4 B1 took 1.3 us longer: perf log,
+  // session 16); and each row's destination, once per row (the stores below then run as
+  // independent shared loads and global stores: computed per stored quad, its division by the
+  // head count and 64-bit index chain serialised every quad; 0.5-1% of D2 on an H100, perf log
+  // session 15).
+  float* group_rows = staged + group * Layout::kStagedGroupFloats;
+  if constexpr (kFp8Cache) {
+    // O^T's dims in the fragments' order (value_dim_of_row): accumulator rows r and r + 8 of
+    // M tiles 2p and 2p + 1 are 4 consecutive dims of one query row, stored as one float4 (as
+    // scalars, the lanes' dims 4 apart put 4 lanes on each bank: 3000 cycles for 16 rows).
 #pragma unroll
-      for (int block = 0; block < kLatentDim / 64; ++block) {
+    for (int pair = 0; pair < kLatentDim / 128; ++pair) {
 #pragma unroll
-        for (int i = 0; i < kRows / 2; ++i) {
-          const int row = accumulator_row(warp, lane, i);  // of O^T: a dim
-          const int dim = kFp8Cache ? value_dim_of_row(block, row) : 64 * block + row;
-          float& value = staged[row_of_slot(slot_of(i)) * Layout::kStagedRowFloats + dim];
-          value = (g == 0 ? 0.0f : value) + output[block][i] * normalizer[slot_of(i)];
-        }
+      for (int i = 0; i < kRows / 2; ++i) {
+        if ((i / 2) % 2 != 0) continue;  // accumulator row r + 8: element i + 2
+        const int dim = value_dim_of_row(2 * pair, accumulator_row(warp, lane, i));
+        const float factor = normalizer[slot_of(i)];
+        *reinterpret_cast<float4*>(&group_rows[row_of_slot(slot_of(i)) * Layout::kStagedRowFloats + dim]) =
+            make_float4(output[2 * pair][i] * factor, output[2 * pair][i + 2] * factor,
+                        output[2 * pair + 1][i] * factor, output[2 * pair + 1][i + 2] * factor);
       }
     }
-    consumers.sync();
+  } else {
+#pragma unroll
+    for (int block = 0; block < kLatentDim / 64; ++block) {
+#pragma unroll
+      for (int i = 0; i < kRows / 2; ++i) {
+        const int row = accumulator_row(warp, lane, i);  // of O^T: a dim
+        group_rows[row_of_slot(slot_of(i)) * Layout::kStagedRowFloats + 64 * block + row] =
+            output[block][i] * normalizer[slot_of(i)];
+      }
+    }
   }
+  consumers.sync();
   // (A row without keys stores zeros; with several splits its LSE is -inf, so the combine
   // step never reads them.)
-  auto store_staged_rows = [&](auto final_output) {
-#pragma unroll 4  // several quads' loads and stores in flight: a visible part of D4's epilogue
-    for (int index = threadIdx.x; index < rows_here * (kLatentDim / 4); index += Layout::kConsumers) {
-      const int row = index / (kLatentDim / 4), column = 4 * (index % (kLatentDim / 4));
-      store_value_quad<decltype(final_output)::value>(
-          args, row_offsets[row], column, *reinterpret_cast<const float4*>(&staged[row * Layout::kStagedRowFloats + column]));
-    }
-  };
-  if (destination.final_output) {
-    store_staged_rows(std::true_type{});
-  } else {
-    store_staged_rows(std::false_type{});
-  }
+  store_staged_rows<Layout::kGroups, Layout::kStagedRowFloats, Layout::kStagedGroupFloats>(
+      args, destination, staged, row_offsets, rows_here, threadIdx.x, Layout::kConsumers);
 }
 
 }  // namespace openmla::kernels::sm90

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "openmla/numerics.h"
 #include "plan/decode_plan.h"
@@ -346,6 +347,40 @@ __device__ __forceinline__ void store_value_quad(const SplitArgs& args, int64_t 
     store_bf16_quad(args.out + row_offset + column, values);
   } else {
     *reinterpret_cast<float4*>(args.partial_out + row_offset + column) = values;
+  }
+}
+
+// An epilogue's output rows, staged in shared memory as fp32 [kParts][rows][kRowFloats] (the
+// parts summed in order: the narrow kernel's consumer warpgroups), stored row-contiguously by
+// `threads` threads: per quad, a 16-byte shared load per part and one 8-byte (bf16 output) or
+// 16-byte (fp32 partial) global store, whole rows per warp. row_offsets: destination_row_offset
+// of each row. (Stored from the accumulators instead, each warp instruction wrote 4- or 8-byte
+// pieces of 8 rows.)
+template <int kParts, int kRowFloats, int kPartFloats>
+__device__ __forceinline__ void store_staged_rows(const SplitArgs& args, const OutputDestination& destination,
+                                                  const float* staged, const int64_t* row_offsets, int rows_here,
+                                                  int thread, int threads) {
+  auto store_rows = [&](auto final_output) {
+#pragma unroll 4  // several quads' loads and stores in flight: a visible part of D4's epilogue
+    for (int index = thread; index < rows_here * (kLatentDim / 4); index += threads) {
+      const int row = index / (kLatentDim / 4), column = 4 * (index % (kLatentDim / 4));
+      const float* first = staged + row * kRowFloats + column;
+      float4 values = *reinterpret_cast<const float4*>(first);
+#pragma unroll
+      for (int part = 1; part < kParts; ++part) {
+        const float4 more = *reinterpret_cast<const float4*>(first + part * kPartFloats);
+        values.x += more.x;
+        values.y += more.y;
+        values.z += more.z;
+        values.w += more.w;
+      }
+      store_value_quad<decltype(final_output)::value>(args, row_offsets[row], column, values);
+    }
+  };
+  if (destination.final_output) {
+    store_rows(std::true_type{});
+  } else {
+    store_rows(std::false_type{});
   }
 }
 
