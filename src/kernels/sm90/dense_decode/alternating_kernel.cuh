@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   const int first_row = tile_index * kRowsPerTile;
   const int rows_here = min(kRowsPerTile, args.rows - first_row);
   start_early_loads<(kFp8Q ? 1 : 2)>(&cache_map, args, batch_index, first_row, rows_here);
-  const KeyRange range = split_key_range(args, batch_index, split, first_row, rows_here);
+  const KeyRange range = split_key_range(args, work, first_row, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, first_row, rows_here)) return;
 

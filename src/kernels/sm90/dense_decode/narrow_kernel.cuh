@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   const int batch_index = work.batch_index, split = work.split;
   const int rows_here = args.rows;  // <= kRows: one row tile
   start_early_loads<(kFp8Q ? 1 : 2)>(&cache_map, args, batch_index, 0, rows_here);
-  const KeyRange range = split_key_range(args, batch_index, split, 0, rows_here);
+  const KeyRange range = split_key_range(args, work, 0, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;
 

@@ -136,7 +136,9 @@ __device__ __forceinline__ void warp_total_and_longest(int& total, int& longest)
 static __device__ __noinline__ int balanced_split_count(const int32_t* seq_lens, int64_t seq_lens_stride, int batch,
                                                  int tiles, int splits, int row_tiles, int sm_count) {
   int total = 0, longest = 0;
-#pragma unroll 1
+  // Several lengths in flight per lane (B <= 256: one round trip; one at a time, D2's B = 128
+  // took four dependent round trips before the first key tile was requested).
+#pragma unroll 8
   for (int b = threadIdx.x % 32; b < batch; b += 32) {
     const int request_tiles = min(key_tiles_of(seq_lens[b * seq_lens_stride]), kCountedTiles);
     total += request_tiles;
@@ -153,14 +155,16 @@ static __device__ __noinline__ int balanced_split_count(const int32_t* seq_lens,
 // How many of the grid's splits the request of `tiles` key tiles uses. A uniform plan: all of
 // them. A balanced plan (decode_plan.h): warp 0 sums the key tiles of all requests and keeps
 // one split unless the lengths are uneven and the request is longer than a chunk of the fair
-// share per SM; the count reaches the other warps through shared memory after a CTA barrier
-// (so every thread of the CTA must call this). Computed by every warp instead (no barrier),
-// the count's dependence on the sum made ptxas spill 60-150 bytes in every attention kernel.
-__device__ __forceinline__ int splits_of_request(const SplitArgs& args, int tiles) {
+// share per SM (`lengths_even`: cta_work found them even already, one split, no sum); the count
+// reaches the other warps through shared memory after a CTA barrier (so every thread of the
+// CTA must call this). Computed by every warp instead (no barrier), the count's dependence on
+// the sum made ptxas spill 60-150 bytes in every attention kernel.
+__device__ __forceinline__ int splits_of_request(const SplitArgs& args, int tiles, bool lengths_even) {
   if (!args.balanced) return args.splits;
   if (threadIdx.x < 32) {
-    const int count = balanced_split_count(args.seq_lens, args.seq_lens_stride, args.batch, tiles, args.splits,
-                                           int(gridDim.x), args.sm_count);
+    const int count = lengths_even ? 1
+                                   : balanced_split_count(args.seq_lens, args.seq_lens_stride, args.batch, tiles,
+                                                          args.splits, int(gridDim.x), args.sm_count);
     if (threadIdx.x == 0) *request_split_count() = count;
   }
   __syncthreads();
@@ -180,6 +184,7 @@ __device__ __forceinline__ int splits_of_request(const SplitArgs& args, int tile
 // free until the pipeline starts); all threads of the CTA must call it.
 struct CtaWork {
   int batch_index, split;
+  bool lengths_even;  // a balanced plan's lengths, all within 1/8 of their mean: one split each
 };
 constexpr int kMaxRankedBatch = 256;  // ranking costs every CTA ~B^2 / threads comparisons
 
@@ -206,7 +211,7 @@ static __device__ __noinline__ CtaWork ranked_cta_work(const int32_t* seq_lens, 
     atomicMax(&longest, my_longest);
   }
   __syncthreads();
-  if (lengths_are_even(total, longest, batch)) return {int(blockIdx.y), int(blockIdx.z)};
+  if (lengths_are_even(total, longest, batch)) return {int(blockIdx.y), int(blockIdx.z), true};
   const int position = int(blockIdx.y + gridDim.y * blockIdx.z);  // in the grid's order
   const int splits = int(gridDim.z), rank = position / splits;
   // The request of rank `rank`: key tiles descending, then index ascending (a strict order, so
@@ -222,10 +227,10 @@ static __device__ __noinline__ CtaWork ranked_cta_work(const int32_t* seq_lens, 
     if (ahead == rank) chosen = candidate;
   }
   __syncthreads();  // (scratch is next written by the pipeline, after a later CTA barrier)
-  return {chosen, position % splits};
+  return {chosen, position % splits, false};
 }
 __device__ __forceinline__ CtaWork cta_work(const SplitArgs& args, int* scratch) {
-  if (!args.balanced || args.batch > kMaxRankedBatch) return {int(blockIdx.y), int(blockIdx.z)};
+  if (!args.balanced || args.batch > kMaxRankedBatch) return {int(blockIdx.y), int(blockIdx.z), false};
   return ranked_cta_work(args.seq_lens, args.seq_lens_stride, args.batch, scratch);
 }
 
@@ -249,11 +254,12 @@ struct KeyRange {
   int splits;
   bool in_use;
 };
-__device__ __forceinline__ KeyRange split_key_range(const SplitArgs& args, int batch_index, int split,
-                                                    int first_row, int rows_here) {
+__device__ __forceinline__ KeyRange split_key_range(const SplitArgs& args, const CtaWork& work, int first_row,
+                                                    int rows_here) {
+  const int batch_index = work.batch_index, split = work.split;
   KeyRange range;
   range.length = args.seq_lens[batch_index * args.seq_lens_stride];
-  range.splits = splits_of_request(args, key_tiles_of(range.length));
+  range.splits = splits_of_request(args, key_tiles_of(range.length), work.lengths_even);
   range.in_use = split < range.splits;
   const int last_token = (first_row + rows_here - 1) / args.heads;
   const int visible_max = args.causal ? min(range.length, range.length - args.query_tokens + last_token + 1)
