@@ -484,18 +484,17 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
 #pragma unroll
     for (int g = 0; g < Layout::kGroups; ++g) row_max = fmaxf(row_max, merge[(2 * g) * kRows + row]);
     const float reference = row_max == -INFINITY ? 0.0f : row_max;
-    float sum = 0.0f;
+    float sum = 0.0f, group_weights[Layout::kGroups];
 #pragma unroll
     for (int g = 0; g < Layout::kGroups; ++g) {
-      sum += merge[(2 * g + 1) * kRows + row] * exp2f(merge[(2 * g) * kRows + row] - reference);
+      group_weights[g] = fast_exp2(merge[(2 * g) * kRows + row] - reference);
+      sum += merge[(2 * g + 1) * kRows + row] * group_weights[g];
     }
+    const float scale = sum == 0.0f ? 0.0f : args.value_scale * fast_reciprocal(sum);
 #pragma unroll
-    for (int g = 0; g < Layout::kGroups; ++g) {
-      row_factors_of_groups[g * kRows + row] =
-          sum == 0.0f ? 0.0f : args.value_scale * exp2f(merge[(2 * g) * kRows + row] - reference) / sum;
-    }
+    for (int g = 0; g < Layout::kGroups; ++g) row_factors_of_groups[g * kRows + row] = scale * group_weights[g];
     if (row < rows_here) {
-      store_row_lse(args, destination, batch_index, row, sum == 0.0f ? -INFINITY : reference + log2f(sum));
+      store_row_lse(args, destination, batch_index, row, sum == 0.0f ? -INFINITY : reference + fast_log2(sum));
       row_offsets[row] = destination_row_offset(args, destination, batch_index, row);
     }
   }

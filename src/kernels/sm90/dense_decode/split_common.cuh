@@ -66,6 +66,20 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return result;
 }
 
+// log2(x) and 1 / x in one MUFU instruction each (lg2.approx: absolute error ~2^-22; rcp.approx:
+// ~1 ulp), for the epilogue's per-row factors, whose accurate forms (range reduction, a slow
+// path call for the division) were a visible part of the cold code that each CTA runs once.
+__device__ __forceinline__ float fast_log2(float x) {
+  float result;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(x));
+  return result;
+}
+__device__ __forceinline__ float fast_reciprocal(float x) {
+  float result;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(x));
+  return result;
+}
+
 // Barrier among `thread_count` threads (whole warps) on named barrier `id` (0 is __syncthreads').
 __device__ __forceinline__ void sync_named(int id, int thread_count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(thread_count) : "memory");
