@@ -56,7 +56,10 @@ __device__ __forceinline__ float merged_lse2(bool has_nan, float max_lse, float 
   return has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
 }
 
-__global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(SplitArgs args) {
+// (At least one block per SM, so ptxas may use the registers that 32 loads in flight need: with
+// the default bound it issued each predicated load after the sums of the previous one, a round
+// trip per split.)
+__global__ void __launch_bounds__(kCombineThreads, 1) dense_decode_combine_kernel(SplitArgs args) {
   __shared__ float weights[kMaxDecodeSplits];  // 2^(l_i - max), 0 for an empty split
   __shared__ int max_key, has_nan;
   __shared__ float warp_weight_sums[kCombineThreads / 32];
@@ -101,25 +104,33 @@ __global__ void __launch_bounds__(kCombineThreads) dense_decode_combine_kernel(S
   const int group = thread / kCombineColumnThreads, column_thread = thread % kCombineColumnThreads;
   float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   // All of a group's loads in flight at once (empty splits issue none: their output was never
-  // written, and weight 0 would not cancel a NaN in it).
+  // written, and weight 0 would not cancel a NaN in it). The group's weights come to registers
+  // first: read next to each load, every load waited for its shared-memory read and issued
+  // ~100 cycles after the previous one (D4 B1: 3400 cycles from the weights to the sums,
+  // per-block clock64, perf log session 16); and the loads step from one pointer (the 64-bit
+  // index chain per load was most of the kernel's code, which every block runs once, cold).
   constexpr int kInFlight = kMaxDecodeSplits / kCombineGroups;
+  float group_weights[kInFlight];
+#pragma unroll
+  for (int i = 0; i < kInFlight; ++i) {
+    const int split = group + kCombineGroups * i;
+    group_weights[i] = split < args.splits ? weights[split] : 0.0f;
+  }
+  const float4* first_part = reinterpret_cast<const float4*>(args.partial_out + (group * split_stride + row) * kLatentDim +
+                                                             first_column) + column_thread;
+  const int64_t part_step = kCombineGroups * split_stride * (kLatentDim / 4);  // in float4
   float4 parts[kInFlight];
 #pragma unroll
   for (int i = 0; i < kInFlight; ++i) {
-    const int split = group + kCombineGroups * i;
-    parts[i] = split < args.splits && weights[split] > 0.0f
-                   ? reinterpret_cast<const float4*>(args.partial_out + (split * split_stride + row) * kLatentDim +
-                                                     first_column)[column_thread]
-                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    parts[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (group_weights[i] > 0.0f) parts[i] = first_part[i * part_step];
   }
 #pragma unroll
   for (int i = 0; i < kInFlight; ++i) {
-    const int split = group + kCombineGroups * i;
-    const float weight = split < args.splits ? weights[split] : 0.0f;
-    sum.x += weight * parts[i].x;
-    sum.y += weight * parts[i].y;
-    sum.z += weight * parts[i].z;
-    sum.w += weight * parts[i].w;
+    sum.x += group_weights[i] * parts[i].x;
+    sum.y += group_weights[i] * parts[i].y;
+    sum.z += group_weights[i] * parts[i].z;
+    sum.w += group_weights[i] * parts[i].w;
   }
   if (group > 0) group_sums[group - 1][column_thread] = sum;
   __syncthreads();
