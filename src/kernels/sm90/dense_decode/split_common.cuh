@@ -150,8 +150,8 @@ __device__ __forceinline__ void warp_total_and_longest(int& total, int& longest)
 static __device__ __noinline__ int balanced_split_count(const int32_t* seq_lens, int64_t seq_lens_stride, int batch,
                                                  int tiles, int splits, int row_tiles, int sm_count) {
   int total = 0, longest = 0;
-  // Several lengths in flight per lane (B <= 256: one round trip; one at a time, D2's B = 128
-  // took four dependent round trips before the first key tile was requested).
+  // Several lengths in flight per lane (B <= 256: one round trip, where one length at a time
+  // took a dependent round trip per 32 requests before the first key tile could be requested).
 #pragma unroll 8
   for (int b = threadIdx.x % 32; b < batch; b += 32) {
     const int request_tiles = min(key_tiles_of(seq_lens[b * seq_lens_stride]), kCountedTiles);
