@@ -472,8 +472,8 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   // the row's destination offset. Written per accumulator slot instead, unrolled for every
   // slot and group, this was ~600 instructions of code that each CTA runs once, cold: 3000
   // (bf16, 16 rows) to 5500 cycles (32 rows, or 16 rows of the FP8 cache's three groups) between
-  // the merge and the staging, more than a D4 CTA's whole tile; now 950-1950 cycles (H100,
-  // clock64; perf log, session 16).
+  // the merge and the staging, more than a D4 CTA's whole tile; now 800-1000 cycles with the
+  // MUFU forms below (H100, clock64; perf log, session 16).
   const OutputDestination destination = output_destination(args, split);
   float* row_factors_of_groups = reinterpret_cast<float*>(shared + Layout::kExchange);  // [group][row]
   float* staged = reinterpret_cast<float*>(shared + Layout::kKeys);
