@@ -244,8 +244,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   const int pairs = (range.tiles + 1) / 2;
   const int value_block = 4 * warpgroup;  // first of this warpgroup's 4 blocks of 64 value columns
 
-  // S = Q K^T for tile `tile` (stage tile % 2), masked and scaled (base 2); returns the row
-  // maxima of the tile in tile_max. Zeroes the slots past the sequence end first.
+  // S = Q K^T for tile `tile` (stage tile % 2), masked (unscaled); returns the row maxima of
+  // the tile in tile_max, scaled (base 2). Zeroes the slots past the sequence end first.
   float scores[32];
   auto tile_scores = [&](int tile, float (&tile_max)[2]) {
     const int first_key = range.begin + tile * kTileKeys;
@@ -292,18 +292,29 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       wgmma_wait<0>();
       fence_accumulators(scores);
     }
+    // The scores stay unscaled (logit_scale > 0: the maximum commutes with it, and the softmax
+    // folds it into one FFMA per score); only a tile that ends past a row's visible keys is
+    // masked. Per score that leaves FMNMX here and FFMA, MUFU, FADD in the softmax: a
+    // warpgroup's softmax is on the pair's critical path, with one warp per scheduler to
+    // issue it (timeline, perf log session 17).
     tile_max[0] = tile_max[1] = -INFINITY;
+    if (first_key + kTileKeys <= min(visible[0], visible[1])) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {  // score i: row row0 + 8 ((i / 2) % 2), key 8 (i / 4) + 2 (lane % 4) + i % 2
-      const int half = (i / 2) % 2;
-      const int key = first_key + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-      scores[i] = key < visible[half] ? scores[i] * logit_scale : -INFINITY;
-      tile_max[half] = fmaxf(tile_max[half], scores[i]);
+      for (int i = 0; i < 32; ++i) tile_max[(i / 2) % 2] = fmaxf(tile_max[(i / 2) % 2], scores[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {  // score i: row row0 + 8 ((i / 2) % 2), key 8 (i / 4) + 2 (lane % 4) + i % 2
+        const int half = (i / 2) % 2;
+        const int key = first_key + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+        scores[i] = key < visible[half] ? scores[i] : -INFINITY;
+        tile_max[half] = fmaxf(tile_max[half], scores[i]);
+      }
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
       tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
+      tile_max[half] *= logit_scale;
     }
   };
 
@@ -324,7 +335,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int half = (i / 2) % 2;
-        scores[i] = fast_exp2(scores[i] - (reference[half] - kProbabilityLog2Scale));
+        scores[i] = fast_exp2(fmaf(scores[i], logit_scale, kProbabilityLog2Scale - reference[half]));
         running_sum[half] += scores[i];
       }
       pack_probability_fragments(scores, probabilities);
@@ -332,8 +343,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 #pragma unroll
       for (int i = 0; i < 32; i += 2) {
         const int half = (i / 2) % 2;
-        const float first = fast_exp2(scores[i] - reference[half]);
-        const float second = fast_exp2(scores[i + 1] - reference[half]);
+        const float first = fast_exp2(fmaf(scores[i], logit_scale, -reference[half]));
+        const float second = fast_exp2(fmaf(scores[i + 1], logit_scale, -reference[half]));
         running_sum[half] += first + second;
         probabilities[i / 8][(i % 8) / 2] = pack_two<kHalf>(first, second);
       }
