@@ -50,6 +50,14 @@ __device__ __forceinline__ float float_from_order_key(int key) {
   return __int_as_float(key >= 0 ? key : key ^ 0x7fffffff);
 }
 
+// sum += weight x part, per component (a split's partial output quad into the merged row).
+__device__ __forceinline__ void add_weighted(float4& sum, float weight, const float4& part) {
+  sum.x += weight * part.x;
+  sum.y += weight * part.y;
+  sum.z += weight * part.z;
+  sum.w += weight * part.w;
+}
+
 // The merged row's LSE (base 2) from the largest split LSE and the sum of the weights
 // 2^(l_i - max): NaN if any split was NaN, -inf if no split had a key.
 __device__ __forceinline__ float merged_lse2(bool has_nan, float max_lse, float weight_sum) {
@@ -126,12 +134,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) dense_decode_combine_kerne
     if (group_weights[i] > 0.0f) parts[i] = first_part[i * part_step];
   }
 #pragma unroll
-  for (int i = 0; i < kInFlight; ++i) {
-    sum.x += group_weights[i] * parts[i].x;
-    sum.y += group_weights[i] * parts[i].y;
-    sum.z += group_weights[i] * parts[i].z;
-    sum.w += group_weights[i] * parts[i].w;
-  }
+  for (int i = 0; i < kInFlight; ++i) add_weighted(sum, group_weights[i], parts[i]);
   if (group > 0) group_sums[group - 1][column_thread] = sum;
   __syncthreads();
   if (group > 0) return;
@@ -210,12 +213,7 @@ __global__ void __launch_bounds__(32 * kCombineRowsPerBlock) dense_decode_combin
     for (int j = 0; j < kChunk; ++j) {
       weight_sum += weights[j];
 #pragma unroll
-      for (int quad = 0; quad < kCombineRowColumns / 4; ++quad) {
-        sums[quad].x += weights[j] * parts[j][quad].x;
-        sums[quad].y += weights[j] * parts[j][quad].y;
-        sums[quad].z += weights[j] * parts[j][quad].z;
-        sums[quad].w += weights[j] * parts[j][quad].w;
-      }
+      for (int quad = 0; quad < kCombineRowColumns / 4; ++quad) add_weighted(sums[quad], weights[j], parts[j][quad]);
     }
   }
   const float inverse = weight_sum == 0.0f ? 0.0f : 1.0f / weight_sum;
