@@ -39,7 +39,8 @@
 // (36 KB) that S and the producer warpgroup's transposition read, and three value tiles (V^T,
 // 32 KB) that O += P V reads: 212 KB.
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
-// guards that keep a row without keys at output 0 and LSE -inf. FP8 caches with 16-bit q
+// guards that keep a row without keys at output 0 and LSE -inf; with 16-bit P the reference
+// moves (and the output is rescaled) only when a tile's maximum passes it by more than 2^8. FP8 caches with 16-bit q
 // compute in fp16 (e4m3 widens exactly; bf16 q is scaled by a power of two into fp16 range).
 // Epilogue: one split writes the 16-bit output and LSE directly; several splits write fp32
 // partial outputs and base-2 LSEs to the workspace for the combine kernel. The rows are staged
@@ -60,6 +61,9 @@
 namespace openmla::kernels::sm90 {
 
 constexpr int kRopeSteps = (kHeadDim - kLatentDim) / 16;  // S's k steps over the rope dims: 4
+// How far (base 2) a tile's row maximum may pass the softmax's reference before the reference
+// moves (16-bit P: p <= 2^8; see own_softmax).
+constexpr float kReferenceSlackLog2 = 8.0f;
 
 // Handoffs between the warpgroups: mbarriers that all 128 threads of the signalling warpgroup
 // arrive on (release) and the other waits on (acquire), one phase per pair; the waiter passes
@@ -237,7 +241,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   float output[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) output[i] = 0.0f;
-  float running_max[2] = {-INFINITY, -INFINITY};  // the maximum over every tile so far
+  // The softmax's reference: the maximum over every tile so far, or with 16-bit P up to
+  // kReferenceSlackLog2 below it (own_softmax).
+  float running_max[2] = {-INFINITY, -INFINITY};
   float running_sum[2] = {0.0f, 0.0f};            // over this warpgroup's own tiles
 
   const uint64_t query_descriptor = make_descriptor(query, 16, 1024);
@@ -332,7 +338,14 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     float reference[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float new_max = fmaxf(running_max[half], tile_max[half]);
+      // Lazy reference: it moves only when the tile's maximum passes it by more than
+      // kReferenceSlackLog2, so most tiles leave factor 1 and both warpgroups skip the rescale of
+      // their 128 output accumulators, which sits on the pair's chain (adopt, then O += P V).
+      // A 16-bit p <= 2^8 keeps its relative precision and the fp32 sums have range to spare;
+      // e4m3 P, already stored as 2^8 p (max 448), has no headroom: exact maxima there.
+      const float new_max = kFp8Math ? fmaxf(running_max[half], tile_max[half])
+                            : tile_max[half] > running_max[half] + kReferenceSlackLog2 ? tile_max[half]
+                                                                                       : running_max[half];
       reference[half] = new_max == -INFINITY ? 0.0f : new_max;  // no key yet: exp2 stays 0
       factor[half] = fast_exp2(running_max[half] - reference[half]);
       running_max[half] = new_max;
@@ -362,20 +375,17 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   auto publish = [&](int pair, const float (&factor)[2]) {
     if (pair > 0) await(warpgroup == 0 ? kConsumedA : kConsumedB, pair - 1);  // our previous P was read
     uint8_t* buffer = probability_buffer(warpgroup);
-    if constexpr (kFp8Math) {
+    // stmatrix (one instruction per k step instead of 4 stores and their addresses, on the pair's
+    // chain): step k's 4 registers are 8 x 8 blocks of 16-bit pairs, rows row0 / row0 + 8 x the
+    // 16-byte chunks 2 k / 2 k + 1 of the row (16-bit P: keys 16 k .. + 7 / + 8 .. + 15; e4m3 P:
+    // keys 32 k .. + 15 / + 16 .. + 31); lane l addresses row l % 16 of the warp's 16 in chunk
+    // 2 k + l / 16.
+    const int row = 16 * warp + lane % 16;
 #pragma unroll
-      for (int step = 0; step < 2; ++step) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          *reinterpret_cast<uint32_t*>(buffer + probability_offset(row0, lane, step, r)) = probabilities[step][r];
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 32; i += 2) {
-        const int row = row0 + 8 * ((i / 2) % 2), key = 8 * (i / 4) + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(buffer + swizzled_offset(row, key)) = probabilities[i / 8][(i % 8) / 2];
-      }
+    for (int step = 0; step < kTileKeys / (kFp8Math ? 32 : 16); ++step) {
+      const int chunk = 2 * step + lane / 16;
+      store_matrices_x4(buffer + (kFp8Math ? raw_fp8_offset(row, 16 * chunk) : swizzled_offset(row, 8 * chunk)),
+                        probabilities[step]);
     }
     __syncwarp();  // the quad's reads of the previous maxima come first
     if (lane % 4 == 0) {

@@ -68,12 +68,6 @@ __device__ __forceinline__ void pack_probability_fragments(const float (&probabi
   }
 }
 
-// Byte offset of the 4 bytes of P that register r of k step `step` of a thread holds, in a
-// [64 rows][64 bytes] 64-byte swizzled P buffer (read back as the A operand).
-__device__ __forceinline__ int probability_offset(int row0, int lane, int step, int r) {
-  return raw_fp8_offset(row0 + 8 * (r % 2), 32 * step + 16 * (r / 2) + 4 * (lane % 4));
-}
-
 // Four floats (already scaled into e4m3's range) as e4m3 high parts and the e4m3 rounding of what
 // they leave, first value in the low byte: high + low keeps ~8 significant bits (bf16's), and
 // S = K (high + low) takes two e4m3 products where one 16-bit product would need every key
