@@ -32,7 +32,8 @@
 // Shared memory: Q 72 KB (its rope block is reused as tile a's P buffer once the rope values
 // are in registers), two 72 KB key stages, tile b's P buffer 8 KB, maxima and factors: 226 KB.
 // Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
-// P V of its tile are done. An FP8 tile (36 KB) with a 16-bit q lands in the upper halves of
+// P V of its tile are done; a 16-bit tile lands in three parts (kAlternatingKeyParts), S
+// waiting for each part in turn. An FP8 tile (36 KB) with a 16-bit q lands in the upper halves of
 // its stage's 64-dim blocks and is widened exactly to fp16 in place, then the stage is full.
 // fp8 q and cache (kFp8Math, fp8_tiles.cuh): both products on e4m3 wgmma (m64n64k32 for S with
 // Q and the raw tile in shared memory, m64n256k32 for O += P V with P in e4m3); two raw stages
@@ -72,6 +73,13 @@ constexpr int kPublishedA = 0, kPublishedB = 1, kConsumedA = 2, kConsumedB = 3;
 constexpr int kSumsOf0 = 4, kSumsOf1 = 5;  // a warpgroup's row sums are in shared memory (once)
 constexpr int kRowsStaged = 6;              // both warpgroups' output rows (once; 256 arrivals)
 constexpr int kHandoffCount = 7;
+// A 16-bit tile lands in parts of 3 blocks of 64 dims, each on its own full barrier, so that S
+// starts on the first blocks while the rest stream in. A stage is refilled only once both
+// warpgroups' O += P V of its tile are done, and its 72 KB take ~1200 cycles to arrive, about
+// as long as the rest of the pair after that release (perf log session 17's timeline): with
+// the parts, H100 cycles (locked clocks) of D1 Hq128 B16 -3%, D3 -6%, D1 Hq32 -10%. Parts of
+// one block each were slower than three (perf log session 18).
+constexpr int kAlternatingKeyParts = 3;
 
 struct AlternatingLayout {
   static constexpr int kQuery = 0;
@@ -82,8 +90,9 @@ struct AlternatingLayout {
   static constexpr int kFactorA = kMaxima + kRowsPerTile * 4;          // [64]
   static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;         // [64]
   static constexpr int kSums = kFactorB + kRowsPerTile * 4;            // [2][64]
-  static constexpr int kBarriers = kSums + 2 * kRowsPerTile * 4;       // full[2], empty[2], landed[2]
-  static constexpr int kHandoffs = kBarriers + 6 * 8;                  // see kPublishedA ...
+  // full[2 stages][kAlternatingKeyParts], empty[2], landed[2]
+  static constexpr int kBarriers = kSums + 2 * kRowsPerTile * 4;
+  static constexpr int kHandoffs = kBarriers + (2 * kAlternatingKeyParts + 4) * 8;  // see kPublishedA ...
   static constexpr int kBytes = kHandoffs + kHandoffCount * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
 };
@@ -145,8 +154,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   };
   // The 16-bit stages (kFp8Math: the value tiles) are released per tile on `empty`.
   constexpr int kReleasedStages = kFp8Math ? kFp8ValueTiles : 2;
-  uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
-  uint64_t* empty = full + kReleasedStages;
+  constexpr int kKeyParts = kFp8Cache ? 1 : kAlternatingKeyParts;  // FP8: the wideners fill `full`
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);  // [stage][part]
+  uint64_t* empty = full + kReleasedStages * kKeyParts;
   uint64_t* landed = empty + kReleasedStages;  // FP8 cache: the raw tile is in the stage (TMA bytes)
   // kFp8Math: full / empty are the value tiles', landed / raw_empty the raw stages'.
   uint64_t* raw_empty = landed + kFp8RawStages;
@@ -194,7 +204,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     }
   }
   // An FP8 tile lands on `landed`; the widener threads fill the stage and arrive on `full`.
-  if constexpr (!kFp8Math) init_stage_barriers(kFp8Cache ? landed : full, empty, kConsumerThreads);
+  if constexpr (!kFp8Math) init_stage_barriers(kFp8Cache ? landed : full, empty, kConsumerThreads, 2, 1, kKeyParts);
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads) {  // the producer warpgroup
     set_register_count<(kFp8Math ? kFp8MathProducerRegisters : kFp8Cache ? kFp8ProducerRegisters : kProducerRegisters),
@@ -207,7 +217,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       load_and_widen_key_tiles<kHalf>(&cache_map, args, table_row, range, stages, landed, full, empty,
                                       producer_thread, kWidenerBarrier);
     } else if (producer_thread == 0) {
-      produce_key_tiles<false>(&cache_map, args, table_row, range, stages, full, empty);
+      produce_key_tiles<false, 2, 1, kKeyParts>(&cache_map, args, table_row, range, stages, full, empty);
     }
     return;
   }
@@ -274,7 +284,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     } else {
       const int valid = range.length - first_key;
       uint8_t* keys = stages + (tile % 2) * kTileBlockBytes;
-      mbarrier_wait(&full[tile % 2], (tile / 2) % 2);
+      constexpr int kStepsPerPart = 4 * kDimBlocks / kKeyParts;  // k steps of 16 dims
+      auto wait_for_part = [&](int part) { mbarrier_wait(&full[(tile % 2) * kKeyParts + part], (tile / 2) % 2); };
+      wait_for_part(0);
       // The descriptors are opaque per tile, so that the compiler computes them next to their
       // wgmmas instead of hoisting them out of the loop. Together with the zeroing after S
       // (below) this made the FP8-cache kernel 2-8% faster on an H100 (D2 Hq64, D3, D1 Hq128;
@@ -284,9 +296,17 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kLatentDim / 16; ++k) {
+        if (k > 0 && k % kStepsPerPart == 0) {  // the fence after the wait keeps ptxas from
+          wait_for_part(k / kStepsPerPart);      // serialising every wgmma (C7518)
+          wgmma_fence();
+        }
         const int offset = (k / 4) * kSwizzleBlockBytes + (k % 4) * 32;
         wgmma_64x64x16<kHalf>(scores, advance_descriptor(q_descriptor, offset),
                               advance_descriptor(key_descriptor, offset), k > 0);
+      }
+      if constexpr (kLatentDim / 64 % (kDimBlocks / kKeyParts) == 0) {  // the rope block starts a part
+        wait_for_part(kKeyParts - 1);
+        wgmma_fence();
       }
 #pragma unroll
       for (int step = 0; step < kRopeSteps; ++step) {

@@ -227,11 +227,19 @@ struct KeyTileLoader {
       pages[box] = box < boxes ? table_row[(first_key + box * box_tokens) >> args.page_shift] : 0;
     }
   }
-  // Tile `tile` (its pages read last) into stage `stage`; `landed` counts its bytes.
+  // Tile `tile` (its pages read last) into stage `stage`; landed[part] counts the bytes of its
+  // part-th kDimBlocks / kParts blocks of 64 dims (each page's blocks issued in order, so that
+  // a consumer may start on the first blocks).
+  template <int kParts = 1>
   __device__ __forceinline__ void issue(int tile, int stage, uint64_t* landed) const {
+    static_assert(kDimBlocks % kParts == 0, "whole blocks per part");
+    constexpr int kBlocksPerPart = kDimBlocks / kParts;
     const int first_key = range.begin + tile * kTileKeys;
     const int boxes = boxes_of(tile);
-    mbarrier_arrive_expect_bytes(landed, uint32_t(boxes * kDimBlocks * box_tokens * kLineBytes));
+#pragma unroll
+    for (int part = 0; part < kParts; ++part) {
+      mbarrier_arrive_expect_bytes(&landed[part], uint32_t(boxes * kBlocksPerPart * box_tokens * kLineBytes));
+    }
     uint8_t* destination = stages + stage * kStageStride;
 #pragma unroll
     for (int box = 0; box < kMaxBoxes; ++box) {
@@ -240,7 +248,7 @@ struct KeyTileLoader {
 #pragma unroll
       for (int block = 0; block < kDimBlocks; ++block) {
         tma_load_box(destination + block * kBlockStride + box * box_tokens * kLineBytes, cache_map, block * 64,
-                     token, pages[box], landed);
+                     token, pages[box], &landed[block / kBlocksPerPart]);
       }
     }
   }
@@ -256,7 +264,9 @@ struct KeyTileLoader {
 // parity of a phase another group's tile has not completed yet for its own (try_wait.parity
 // tells only the two latest phases apart).
 // The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
-template <bool kFp8Cache, int kStages = 2, int kGroups = 1>
+// kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile's 64-dim
+// blocks (KeyTileLoader::issue).
+template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1>
 __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
                                                   uint8_t* stages, uint64_t* full, uint64_t* empty) {
@@ -265,13 +275,16 @@ __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, 
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % kStages;
     if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) % 2);
-    loader.issue(tile, stage, &full[stage * kGroups + tile % kGroups]);
+    loader.template issue<kParts>(tile, stage, &full[(stage * kGroups + tile % kGroups) * kParts]);
     if (tile + 1 < range.tiles) loader.read_pages(tile + 1);
     // Tile 1 waits until tile 0 has landed: issued together, every CTA's first two tiles
     // share the memory system's queues, so tile 0 lands only at the end of the whole GPU's
     // first burst and the math starts late (D5: the stages then stand full while the next
     // tiles cannot be requested). Later tiles are paced by the empty barriers.
-    if (tile == 0 && range.tiles > 1) mbarrier_wait(&full[0], 0);
+    if (tile == 0 && range.tiles > 1) {
+#pragma unroll
+      for (int part = 0; part < kParts; ++part) mbarrier_wait(&full[part], 0);
+    }
   }
 }
 
@@ -340,14 +353,14 @@ __host__ __device__ constexpr int full_phase(int tile) {
   return (tile / kCycle) % 2;
 }
 
-// Initialises the stages' barriers (full[stages x groups]: one producer arrival + bytes;
+// Initialises the stages' barriers (full[stages x groups x parts]: one producer arrival + bytes;
 // empty[stages]: every thread of the consuming group), by thread 0; the caller synchronises
 // the CTA afterwards.
 __device__ __forceinline__ void init_stage_barriers(uint64_t* full, uint64_t* empty, int consumer_threads,
-                                                    int stages = 2, int groups = 1) {
+                                                    int stages = 2, int groups = 1, int parts = 1) {
   if (threadIdx.x == 0) {
     for (int stage = 0; stage < stages; ++stage) {
-      for (int group = 0; group < groups; ++group) mbarrier_init(&full[stage * groups + group], 1);
+      for (int barrier = 0; barrier < groups * parts; ++barrier) mbarrier_init(&full[stage * groups * parts + barrier], 1);
       mbarrier_init(&empty[stage], consumer_threads);
     }
     fence_barrier_init();
