@@ -33,16 +33,17 @@
 // are in registers), two 72 KB key stages, tile b's P buffer 8 KB, maxima and factors: 226 KB.
 // Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
 // P V of its tile are done; a 16-bit tile lands in three parts (kAlternatingKeyParts), S
-// waiting for each part in turn. An FP8 tile (36 KB) with a 16-bit q lands in the upper halves of
-// its stage's 64-dim blocks and is widened exactly to fp16 in place, then the stage is full.
+// waiting for each part in turn. An FP8 tile (36 KB) with a 16-bit q lands in the upper halves
+// of its stage's 64-dim blocks and is widened exactly to fp16 in place, then the stage is full.
 // fp8 q and cache (kFp8Math, fp8_tiles.cuh): both products on e4m3 wgmma (m64n64k32 for S with
 // Q and the raw tile in shared memory, m64n256k32 for O += P V with P in e4m3); two raw stages
 // (36 KB) that S and the producer warpgroup's transposition read, and three value tiles (V^T,
 // 32 KB) that O += P V reads: 212 KB.
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
 // guards that keep a row without keys at output 0 and LSE -inf; with 16-bit P the reference
-// moves (and the output is rescaled) only when a tile's maximum passes it by more than 2^8. FP8 caches with 16-bit q
-// compute in fp16 (e4m3 widens exactly; bf16 q is scaled by a power of two into fp16 range).
+// moves (and the output is rescaled) only when a tile's maximum passes it by more than 2^8.
+// FP8 caches with 16-bit q compute in fp16 (e4m3 widens exactly; bf16 q is scaled by a power of
+// two into fp16 range).
 // Epilogue: one split writes the 16-bit output and LSE directly; several splits write fp32
 // partial outputs and base-2 LSEs to the workspace for the combine kernel. The rows are staged
 // in the free key stages first, so that each warp stores whole rows (store_staged_rows; from the
@@ -75,8 +76,8 @@ constexpr int kRowsStaged = 6;              // both warpgroups' output rows (onc
 constexpr int kHandoffCount = 7;
 // A 16-bit tile lands in parts of 3 blocks of 64 dims, each on its own full barrier, so that S
 // starts on the first blocks while the rest stream in. A stage is refilled only once both
-// warpgroups' O += P V of its tile are done, and its 72 KB take ~1200 cycles to arrive, about
-// as long as the rest of the pair after that release (perf log session 17's timeline): with
+// warpgroups' O += P V of its tile are done, and its 72 KB take 1200-2200 cycles to arrive,
+// about as long as the rest of the pair after that release (perf log sessions 17, 18): with
 // the parts, H100 cycles (locked clocks) of D1 Hq128 B16 -3%, D3 -6%, D1 Hq32 -10%. Parts of
 // one block each were slower than three (perf log session 18).
 constexpr int kAlternatingKeyParts = 3;
@@ -304,7 +305,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
         wgmma_64x64x16<kHalf>(scores, advance_descriptor(q_descriptor, offset),
                               advance_descriptor(key_descriptor, offset), k > 0);
       }
-      if constexpr (kLatentDim / 64 % (kDimBlocks / kKeyParts) == 0) {  // the rope block starts a part
+      if constexpr ((kLatentDim / 64) % (kDimBlocks / kKeyParts) == 0) {  // the rope block starts a part
         wait_for_part(kKeyParts - 1);
         wgmma_fence();
       }
