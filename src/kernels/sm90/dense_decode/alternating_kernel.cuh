@@ -261,8 +261,10 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   const int pairs = (range.tiles + 1) / 2;
   const int value_block = 4 * warpgroup;  // first of this warpgroup's 4 blocks of 64 value columns
 
-  // S = Q K^T for tile `tile` (stage tile % 2), masked (unscaled); returns the row maxima of
-  // the tile in tile_max, scaled (base 2). Zeroes the slots past the sequence end after S.
+  // S = Q K^T for tile `tile` (stage tile % 2), masked (unscaled); returns in tile_max, scaled
+  // (base 2), the row maxima with an FP8 cache, else this thread's maxima over its 16 keys of
+  // each of its rows (own_softmax takes the row's only if it needs it). Zeroes the slots past
+  // the sequence end after S.
   float scores[32];
   auto tile_scores = [&](int tile, float (&tile_max)[2]) {
     const int first_key = range.begin + tile * kTileKeys;
@@ -346,8 +348,10 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
-      tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
+      if constexpr (kFp8Cache) {  // the vote of own_softmax measured 1-2% slower for these kernels
+        tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
+        tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
+      }
       tile_max[half] *= logit_scale;
     }
   };
@@ -355,21 +359,45 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   // Softmax of the own tile against the running maximum: P in registers (wgmma A fragments:
   // k step s is accumulators 8 s .. 8 s + 7).
   uint32_t probabilities[kTileKeys / (kFp8Math ? 32 : 16)][4];
-  auto own_softmax = [&](const float (&tile_max)[2], float (&factor)[2]) {
+  auto own_softmax = [&](float (&tile_max)[2], float (&factor)[2]) {
+    // Lazy reference: it moves only when the tile's row maximum passes it by more than the slack
+    // (kReferenceSlackLog2), so most tiles leave factor 1 and both warpgroups skip the rescale of
+    // their 128 output accumulators, which sits on the pair's chain (adopt, then O += P V).
+    // A 16-bit p <= 2^8 keeps its relative precision and the fp32 sums have range to spare;
+    // e4m3 P, already stored as 2^8 p (max 448), has no headroom: exact maxima there (slack 0).
+    // 16-bit caches: a row's maximum over its quad takes two shuffle rounds, and shuffles queue
+    // behind the other warpgroup's S, whose operands stream through shared memory (softmax a:
+    // ~460 cycles a pair, ncu, perf log session 18). A reference can move only where some
+    // lane's own maximum passes it, so the warp votes first and shuffles only then (the result
+    // is the same): bf16 D1 Hq128 3-5% fewer cycles.
+    constexpr float kSlack = kFp8Math ? 0.0f : kReferenceSlackLog2;
+    float new_max[2] = {running_max[0], running_max[1]};
+    if constexpr (kFp8Cache) {  // tile_max holds the row maxima (tile_scores)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        new_max[half] = kFp8Math ? fmaxf(running_max[half], tile_max[half])
+                        : tile_max[half] > running_max[half] + kSlack ? tile_max[half]
+                                                                      : running_max[half];
+      }
+    } else {
+      bool passes = false;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) passes |= tile_max[half] > running_max[half] + kSlack;
+      if (__any_sync(0xffffffffu, passes)) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
+          tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
+          if (tile_max[half] > running_max[half] + kSlack) new_max[half] = tile_max[half];
+        }
+      }
+    }
     float reference[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      // Lazy reference: it moves only when the tile's maximum passes it by more than
-      // kReferenceSlackLog2, so most tiles leave factor 1 and both warpgroups skip the rescale of
-      // their 128 output accumulators, which sits on the pair's chain (adopt, then O += P V).
-      // A 16-bit p <= 2^8 keeps its relative precision and the fp32 sums have range to spare;
-      // e4m3 P, already stored as 2^8 p (max 448), has no headroom: exact maxima there.
-      const float new_max = kFp8Math ? fmaxf(running_max[half], tile_max[half])
-                            : tile_max[half] > running_max[half] + kReferenceSlackLog2 ? tile_max[half]
-                                                                                       : running_max[half];
-      reference[half] = new_max == -INFINITY ? 0.0f : new_max;  // no key yet: exp2 stays 0
+      reference[half] = new_max[half] == -INFINITY ? 0.0f : new_max[half];  // no key yet: exp2 stays 0
       factor[half] = fast_exp2(running_max[half] - reference[half]);
-      running_max[half] = new_max;
+      running_max[half] = new_max[half];
       running_sum[half] *= factor[half];
     }
     if constexpr (kFp8Math) {  // 2^8 p in e4m3 (fp8_tiles.cuh)
