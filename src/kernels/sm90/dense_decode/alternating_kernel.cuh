@@ -349,8 +349,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       if constexpr (kFp8Cache) {  // the vote of own_softmax measured 1-2% slower for these kernels
-        tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
-        tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
+        tile_max[half] = max_over_quad(tile_max[half]);
       }
       tile_max[half] *= logit_scale;
     }
@@ -386,8 +385,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       if (__any_sync(0xffffffffu, passes)) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
-          tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
+          tile_max[half] = max_over_quad(tile_max[half]);
           if (tile_max[half] > running_max[half] + kSlack) new_max[half] = tile_max[half];
         }
       }

@@ -459,6 +459,12 @@ __device__ __forceinline__ void stage_alternating_output(const SplitArgs& args, 
   }
 }
 
+// Row maxima of the m64 accumulator rows (the 4 lanes of a quad hold a row's columns).
+__device__ __forceinline__ float max_over_quad(float value) {
+  value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));
+  return fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 2));
+}
+
 // Row sums of the m64 accumulator rows: each of the 4 lanes of a quad holds its own columns'.
 __device__ __forceinline__ void sum_over_quad(float (&sums)[2]) {
 #pragma unroll
