@@ -24,19 +24,15 @@ log="$out/ab-log.txt"
 : >"$out/ab-raw.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv >"$log" 2>&1
 
-build_tree() {  # source dir, build dir, targets...
-  local source="$1" build="$2"; shift 2
-  cmake -S "$source" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPENMLA_CUDA=ON >>"$log" 2>&1 &&
-    cmake --build "$build" -j "$(nproc)" --target "$@" >>"$log" 2>&1
-}
+. scripts/cuda_build_tree.sh
 targets=(openmla-bench)
 [ "$tests" != "-" ] && targets+=(openmla_tests)
-build_tree . build-ab-new "${targets[@]}" || { echo "build of the working tree failed"; tail -30 "$log"; exit 1; }
+build_tree . build-ab-new "$log" "${targets[@]}" || { echo "build of the working tree failed"; tail -30 "$log"; exit 1; }
 sides=()
 for tree in "${others[@]}"; do
   side="$(basename "$tree")"
   [ "$side" = new ] && { echo "a compared tree may not be named 'new'"; exit 1; }
-  build_tree "$tree" "build-ab-$side" openmla-bench || { echo "build of $tree failed"; tail -30 "$log"; exit 1; }
+  build_tree "$tree" "build-ab-$side" "$log" openmla-bench || { echo "build of $tree failed"; tail -30 "$log"; exit 1; }
   sides+=("$side")
 done
 sides+=(new)

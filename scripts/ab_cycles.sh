@@ -10,7 +10,7 @@
 # TREE: a source tree (`git worktree add .carry/base HEAD`, carried) or "." (the working tree,
 # named "new"). CASE: an openmla-bench --filter substring naming one case. Output:
 # $OUT/cycles.txt (the table: per case and tree, the median over the profiled launches of every
-# round), $OUT/cycles-raw.csv.
+# round), $OUT/cycles-raw.csv, $OUT/cycles-build.txt (the builds' output).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 IFS=, read -r -a trees <<<"$1"
@@ -20,10 +20,12 @@ out="${OUT:-$PWD/device-out}"
 mkdir -p "$out"
 raw="$out/cycles-raw.csv"
 : >"$raw"
+: >"$out/cycles-build.txt"
+. scripts/cuda_build_tree.sh
 for tree in "${trees[@]}"; do
   side="$(basename "$tree")"; [ "$tree" = . ] && side=new
-  cmake -S "$tree" -B "build-ab-$side" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPENMLA_CUDA=ON >/dev/null &&
-    cmake --build "build-ab-$side" -j "$(nproc)" --target openmla-bench >/dev/null || { echo "build of $tree failed"; exit 1; }
+  build_tree "$tree" "build-ab-$side" "$out/cycles-build.txt" openmla-bench ||
+    { echo "build of $tree failed"; tail -30 "$out/cycles-build.txt"; exit 1; }
 done
 for round in $(seq "$rounds"); do
   for case in "${cases[@]}"; do

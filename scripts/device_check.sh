@@ -20,8 +20,8 @@ step "environment"
   nvcc --version | tail -2; python3 -c 'import torch; print("torch", torch.__version__)'; } >>"$log" 2>&1
 
 step "build"
-if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPENMLA_CUDA=ON &&
-       cmake --build "$build" -j "$(nproc)"; } >>"$log" 2>&1; then
+. scripts/cuda_build_tree.sh
+if ! build_tree . "$build" "$log"; then
   tail -40 "$log"; exit 1
 fi
 
