@@ -372,11 +372,11 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     constexpr float kSlack = kFp8Math ? 0.0f : kReferenceSlackLog2;
     float new_max[2] = {running_max[0], running_max[1]};
     if constexpr (kFp8Cache) {  // tile_max holds the row maxima (tile_scores)
+      // (With slack 0 this is fmaxf but for a NaN running maximum, which never occurs: a NaN
+      // tile maximum compares false and leaves the reference, as fmaxf does.)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        new_max[half] = kFp8Math ? fmaxf(running_max[half], tile_max[half])
-                        : tile_max[half] > running_max[half] + kSlack ? tile_max[half]
-                                                                      : running_max[half];
+        if (tile_max[half] > running_max[half] + kSlack) new_max[half] = tile_max[half];
       }
     } else {
       bool passes = false;
