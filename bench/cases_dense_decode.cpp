@@ -1,6 +1,6 @@
 // openmla-bench: dense MLA decode (include/openmla/dense_decode.h), PERF.md cases D1-D5 with a
 // page size of 64, each with a BF16 cache ("bf16"), an FP8 cache read by a BF16 query ("fp8"),
-// and for the compute-bound D1 Hq=128 also an FP8 query ("fp8-qkv").
+// and an FP8 cache read by an FP8 query ("fp8-qkv": e4m3 tensor cores; FlashMLA's FP8 form).
 //
 // Bytes: every byte the op must read once (Q, the live KV rows = sum of seq_lens x 576
 // values, the block-table entries of the live pages, seq_lens) plus every byte it writes once
@@ -155,13 +155,8 @@ void add_dense_decode_cases(std::vector<Case>& cases) {
     shapes.push_back(uniform_shape("D5", 1, 1, 16, 32768, true, pdl));
   }
 
-  for (Format format : {Format::kBf16, Format::kFp8Cache}) {
+  for (Format format : {Format::kBf16, Format::kFp8Cache, Format::kFp8QueryAndCache}) {
     for (const DecodeShape& shape : shapes) cases.push_back(dense_decode_case(shape, format));
-  }
-  for (const DecodeShape& shape : shapes) {
-    if (shape.name.rfind("D1 Hq=128 ", 0) == 0) {
-      cases.push_back(dense_decode_case(shape, Format::kFp8QueryAndCache));
-    }
   }
 }
 
