@@ -33,12 +33,12 @@
 // are in registers), two 72 KB key stages, tile b's P buffer 8 KB, maxima and factors: 226 KB.
 // Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
 // P V of its tile are done; a 16-bit tile lands in three parts (kAlternatingKeyParts), S
-// waiting for each part in turn. An FP8 tile (36 KB) with a 16-bit q lands in the upper halves
-// of its stage's 64-dim blocks and is widened exactly to fp16 in place, then the stage is full.
+// waiting for each part in turn. An FP8 tile (36 KB, 128-dim boxes) with a 16-bit q lands in its
+// stage's upper 40 KB and is widened exactly to fp16 in place, then the stage is full.
 // fp8 q and cache (kFp8Math, fp8_tiles.cuh): both products on e4m3 wgmma (m64n64k32 for S with
 // Q and the raw tile in shared memory, m64n256k32 for O += P V with P in e4m3); two raw stages
-// (36 KB) that S and the producer warpgroup's transposition read, and three value tiles (V^T,
-// 32 KB) that O += P V reads: 212 KB.
+// (40 KB: 128-dim boxes, fp8_tiles.cuh wide_raw_offset) that S and the producer warpgroup's
+// transposition read, and three value tiles (V^T, 32 KB) that O += P V reads: 220 KB.
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
 // guards that keep a row without keys at output 0 and LSE -inf; with 16-bit P the reference
 // moves (and the output is rescaled) only when a tile's maximum passes it by more than 2^8.
@@ -101,12 +101,12 @@ static_assert(AlternatingLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared m
 static_assert(AlternatingLayout::kKeys + kAlternatingStagingBytes <= AlternatingLayout::kMaxima,
               "the epilogue's staging fits the key stages (and P_b)");
 
-// With fp8 q and cache (kFp8Math, fp8_tiles.cuh): Q 36 KB, two raw key stages of 36 KB, three
-// value tiles (V^T) of 32 KB, the P buffers 4 KB each: 212 KB.
+// With fp8 q and cache (kFp8Math, fp8_tiles.cuh): Q 36 KB, two raw key stages of 40 KB, three
+// value tiles (V^T) of 32 KB, the P buffers 4 KB each: 220 KB.
 struct AlternatingFp8Layout {
   static constexpr int kQuery = 0;
   static constexpr int kKeys = kRawFp8StageBytes;
-  static constexpr int kValues = kKeys + kFp8RawStages * kRawFp8StageBytes;
+  static constexpr int kValues = kKeys + kFp8RawStages * kWideRawStageBytes;
   static constexpr int kProbabilitiesA = kValues + kFp8ValueTiles * kValueTileBytes;
   static constexpr int kProbabilitiesB = kProbabilitiesA + kRawBlockBytes;
   static constexpr int kMaxima = kProbabilitiesB + kRawBlockBytes;
@@ -120,7 +120,8 @@ struct AlternatingFp8Layout {
   static constexpr int kLaunchBytes = kBytes + 1024;
 };
 static_assert(AlternatingFp8Layout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
-static_assert(kRawFp8StageBytes % 1024 == 0 && kValueTileBytes % 1024 == 0, "swizzle atoms stay aligned");
+static_assert(kRawFp8StageBytes % 1024 == 0 && kWideRawStageBytes % 1024 == 0 && kValueTileBytes % 1024 == 0,
+              "swizzle atoms stay aligned");
 static_assert(AlternatingFp8Layout::kKeys + kAlternatingStagingBytes <= AlternatingFp8Layout::kMaxima,
               "the epilogue's staging fits the raw stages, value tiles and P buffers");
 
@@ -269,16 +270,15 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   auto tile_scores = [&](int tile, float (&tile_max)[2]) {
     const int first_key = range.begin + tile * kTileKeys;
     if constexpr (kFp8Math) {  // the raw tile as it landed; past-the-end keys are masked below
-      uint8_t* keys = stages + (tile % kFp8RawStages) * kRawFp8StageBytes;
+      uint8_t* keys = stages + (tile % kFp8RawStages) * kWideRawStageBytes;
       mbarrier_wait(&landed[tile % kFp8RawStages], (tile / kFp8RawStages) % 2);
       const uint64_t fp8_query_descriptor = make_descriptor_64b(query, 512);
-      const uint64_t key_descriptor = make_descriptor_64b(keys, 512);
+      const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);  // 128-byte swizzle (wide_raw_offset)
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kHeadDim / 32; ++k) {
-        const int offset = (k / 2) * kRawBlockBytes + (k % 2) * 32;
-        wgmma_64x64x32_fp8(scores, advance_descriptor(fp8_query_descriptor, offset),
-                           advance_descriptor(key_descriptor, offset), k > 0);
+        wgmma_64x64x32_fp8(scores, advance_descriptor(fp8_query_descriptor, (k / 2) * kRawBlockBytes + (k % 2) * 32),
+                           advance_descriptor(key_descriptor, (k / 4) * kWideRawBlockBytes + (k % 4) * 32), k > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();

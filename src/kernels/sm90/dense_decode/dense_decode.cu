@@ -41,14 +41,15 @@ void require_alignment(const char* argument, const TensorView& view, int bytes) 
 }
 
 // The cache as a 3-D tensor (dim, token, page) for the TMA; boxes of 64 dims x min(page, 64)
-// tokens, 128-byte swizzled for 16-bit caches (the wgmma layout); FP8 caches 64-byte swizzled
-// for the narrow kernel (its fragment loads, fp8_fragments.cuh) and for the alternating kernel
-// with fp8 q (e4m3 wgmma and ldmatrix read the raw tile, fp8_tiles.cuh), plain for the
-// alternating kernel with 16-bit q (widened in place).
-CUtensorMap make_cache_map(const TensorView& cache, bool raw_fp8_swizzled) {
+// tokens, 128-byte swizzled for 16-bit caches (the wgmma layout). FP8 caches: 64-byte swizzled
+// for the narrow kernel (its fragment loads, fp8_fragments.cuh); boxes of 128 dims, 128-byte
+// swizzled, for the alternating kernel (key_tiles.cuh wide_raw_offset: half the box rows, which
+// the TMA takes at its own pace).
+CUtensorMap make_cache_map(const TensorView& cache, bool narrow_kernel) {
   const bool fp8 = cache.dtype == DType::kFloat8E4M3;
-  const CUtensorMapSwizzle swizzle =
-      !fp8 ? CU_TENSOR_MAP_SWIZZLE_128B : (raw_fp8_swizzled ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_NONE);
+  const bool wide_fp8 = fp8 && !narrow_kernel;
+  const CUtensorMapSwizzle swizzle = fp8 && narrow_kernel ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+  const cuuint32_t box_dims = wide_fp8 ? kWideRawBoxDims : 64;
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   static Encode encode = [] {
     void* function = nullptr;
@@ -67,7 +68,7 @@ CUtensorMap make_cache_map(const TensorView& cache, bool raw_fp8_swizzled) {
   const int64_t page_size = cache.size(1);
   const cuuint64_t sizes[3] = {cuuint64_t(kHeadDim), cuuint64_t(page_size), cuuint64_t(cache.size(0))};
   const cuuint64_t strides[2] = {cuuint64_t(cache.stride(1) * element), cuuint64_t(cache.stride(0) * element)};
-  const cuuint32_t box[3] = {64, cuuint32_t(std::min<int64_t>(page_size, kTileKeys)), 1};
+  const cuuint32_t box[3] = {box_dims, cuuint32_t(std::min<int64_t>(page_size, kTileKeys)), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   CUtensorMap map{};
   const CUresult result =
@@ -177,7 +178,7 @@ void dense_decode(const DenseDecodeParams& params) {
   // (split_common.cuh cta_work).
   const dim3 grid(unsigned(plan.row_tiles), unsigned(batch), unsigned(plan.splits));
   const cudaStream_t stream = as_cuda_stream(params.stream);
-  const CUtensorMap cache_map = make_cache_map(cache, uses_narrow_kernel(args.rows) || fp8_q);
+  const CUtensorMap cache_map = make_cache_map(cache, uses_narrow_kernel(args.rows));
   if (half) {
     launch_split<true, false, false>(cache_map, args, grid, stream, params.enable_pdl);
   } else if (fp8_q) {  // e4m3 tensor cores (<= 32 rows: S^T only, P V in fp16)

@@ -4,9 +4,10 @@
 // ever made, and S^T of the narrow kernel (narrow_kernel.cuh; a bf16 q there is split into two
 // e4m3 parts, load_e4m3_query_rows).
 //
-// wgmma takes 8-bit operands K-major only. S = Q K^T is K-major as stored: Q (64 rows) and the
-// raw key tile (as the TMA lands it) are both 9 blocks of [64 lines][64 bytes] with the 64-byte
-// swizzle (raw_fp8_offset). O += P V needs V^T, [dim][key]: the producer warpgroup transposes
+// wgmma takes 8-bit operands K-major only. S = Q K^T is K-major as stored: Q (64 rows) is 9
+// blocks of [64 lines][64 bytes] with the 64-byte swizzle (raw_fp8_offset), the raw key tile (as
+// the TMA lands it) 5 blocks of [64 lines][128 bytes] with the 128-byte swizzle (wide_raw_offset;
+// the narrow kernel's are 64-byte blocks like Q). O += P V needs V^T, [dim][key]: the producer warpgroup transposes
 // the tile's first 512 dims into a value tile of [512 lines][64 bytes] (same swizzle), with
 // ldmatrix.trans (16 keys x 32 dims per warp and instruction), byte permutes and stmatrix.
 //
@@ -19,7 +20,7 @@
 // zero. The row sums add the
 // unrounded 256 p, so the output's normaliser cancels the factor and the LSE subtracts log2 256.
 //
-// Bank conflicts: ldmatrix reads 8 keys x 16 bytes per matrix, which the 64-byte swizzle spreads
+// Bank conflicts: ldmatrix reads 8 keys x 16 bytes per matrix, which the 128-byte swizzle spreads
 // over all banks; stmatrix writes 8 dim lines per matrix, and a matrix takes the dims 2 r + 0/1
 // with r = 0..7 alternating between even and odd dims at r = 4, so that its 8 lines have 8
 // distinct (line % 8) and the swizzle spreads them too.
@@ -173,15 +174,14 @@ __device__ __forceinline__ void store_matrices_x4(uint8_t* row, const uint32_t (
 // (Spreading each key group's steps over all four warps instead, with each step's load issued
 // before the previous step's store, made the FP8 D1 Hq128 cases 25-30% slower: perf log.)
 struct ValueTransposer {
-  int load_even, load_odd;  // ldmatrix row offsets for the first / second 32 dims of a 64-dim block
-  int store;                // stmatrix row offset (+ 2048 per 32 dims)
+  int load[4];  // ldmatrix row offsets for the 32-dim steps s % 4 = 0..3 of a 128-dim block (wide_raw_offset)
+  int store;    // stmatrix row offset (+ 2048 per 32 dims)
   uint32_t first_selector, second_selector;  // the words for stmatrix matrices A (0, 2) and B (1, 3)
 
   __device__ __forceinline__ ValueTransposer(int warp, int lane) {
     const int matrix = lane / 8, key = 16 * warp + lane % 8 + 8 * (matrix % 2);
-    const int chunk = (matrix / 2) ^ ((key / 2) % 4);
-    load_even = key * 64 + chunk * 16;
-    load_odd = key * 64 + (chunk ^ 2) * 16;
+#pragma unroll
+    for (int quarter = 0; quarter < 4; ++quarter) load[quarter] = wide_raw_offset(key, 32 * quarter + 16 * (matrix / 2));
     const int r = lane % 8;  // row r of stmatrix matrix `matrix`: dim 2 r + (r / 4 for A, 1 - r / 4 for B)
     const int dim = 16 * (matrix / 2) + 2 * r + ((r / 4) ^ (matrix % 2));
     store = dim * 64 + ((warp ^ ((dim / 2) % 4)) * 16);
@@ -197,14 +197,14 @@ struct ValueTransposer {
   __device__ __forceinline__ void run_steps(const uint8_t* raw, uint8_t* values, uint32_t mask_low,
                                             uint32_t mask_high) const {
     constexpr int kSteps = kLatentDim / 32, kBatch = 8;
-    static_assert(kSteps % kBatch == 0, "whole batches");
+    static_assert(kSteps % kBatch == 0 && kBatch % 4 == 0, "whole batches of whole 128-dim blocks");
 #pragma unroll 1
     for (int first = 0; first < kSteps; first += kBatch) {
       uint32_t pairs[kBatch][4];
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
-        const int step = first + j;  // step % 2 == j % 2: kBatch is even
-        load_transposed_matrices_x4(raw + (step / 2) * kRawBlockBytes + (j % 2 == 0 ? load_even : load_odd), pairs[j]);
+        const int step = first + j;  // step % 4 == j % 4: kBatch is a multiple of 4
+        load_transposed_matrices_x4(raw + (step / 4) * kWideRawBlockBytes + load[j % 4], pairs[j]);
       }
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
@@ -259,7 +259,8 @@ __device__ __forceinline__ void load_and_transpose_value_tiles(const CUtensorMap
                                                                uint64_t* values_full, uint64_t* values_empty,
                                                                int thread) {
   static_assert(kFp8RawStages == 2, "tile t + 2 refills tile t's stage");
-  KeyTileLoader<true> loader(cache_map, args, table_row, range, raw_stages);
+  KeyTileLoader<true, kWideRawBlockBytes, kWideRawStageBytes, kWideRawBoxDims> loader(cache_map, args, table_row,
+                                                                                     range, raw_stages);
   const int warp = thread / 32, lane = thread % 32;
   const ValueTransposer transposer(warp, lane);
   if (thread == 0) {
@@ -277,7 +278,7 @@ __device__ __forceinline__ void load_and_transpose_value_tiles(const CUtensorMap
     }
     if (tile >= kFp8ValueTiles) mbarrier_wait(&values_empty[value_stage], (tile / kFp8ValueTiles - 1) % 2);
     __syncwarp();  // ldmatrix / stmatrix: whole warps
-    transposer.run(raw_stages + raw_stage * kRawFp8StageBytes, value_tiles + value_stage * kValueTileBytes,
+    transposer.run(raw_stages + raw_stage * kWideRawStageBytes, value_tiles + value_stage * kValueTileBytes,
                    range.length - (range.begin + tile * kTileKeys), warp, lane);
     fence_shared_for_async_proxy();  // the consumers' wgmma reads the value tile
     mbarrier_arrive(&values_full[value_stage]);

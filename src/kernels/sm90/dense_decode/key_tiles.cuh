@@ -4,10 +4,12 @@
 // A key tile is 64 tokens x 576 dims. 16-bit tiles live in shared memory as 9 blocks of 64
 // dims, each [64 lines][128 bytes] with the 128-byte swizzle (wgmma.cuh): K-major for S (line =
 // key) and, read N/M-major, V for the output. The producer (one thread) walks the block table
-// and issues one TMA box per 64 dims x min(page, 64) tokens; FP8 caches land as 9 blocks of
-// [64 lines][64 bytes]: plain for the alternating kernel, each in the upper half of its 16-bit
-// block, which its producer warpgroup widens in place (widen_key_tile_in_place); 64-byte swizzled
-// for the narrow kernel, which widens in registers (fp8_fragments.cuh). Slots past the
+// and issues one TMA box per 64 dims x min(page, 64) tokens. FP8 caches land as 9 blocks of
+// [64 lines][64 bytes], 64-byte swizzled, for the narrow kernel, which widens in registers
+// (fp8_fragments.cuh), and as 5 blocks of [64 lines][128 bytes] (one box per 128 dims, 128-byte
+// swizzled: wide_raw_offset) for the alternating kernel, whose producer warpgroup widens them
+// in place with a 16-bit q (the raw tile in the stage's upper 40 KB, widen_key_tile_in_place)
+// or transposes V with fp8 q (fp8_tiles.cuh). Slots past the
 // sequence end are zeroed in shared memory before use (unused cache slots may hold NaN, pages
 // past the end are never read), so masked keys multiply finite zeros.
 #pragma once
@@ -45,28 +47,52 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid,
 // widens each tile (16-bit q, here) or transposes V (fp8 q, fp8_tiles.cuh).
 constexpr int kAlternatingProducerThreads = 128;
 
+// The alternating kernel's raw FP8 key tiles: 5 blocks of [64 lines][128 bytes] with the
+// 128-byte swizzle (chunk c of line l at chunk c ^ (l % 8)), one TMA box per 128 dims and page;
+// the last block holds the rope dims 512..575 and zeros (the box reads past the row's end).
+// Boxes of 128-byte rows halve the box rows of a tile against 64-byte ones (the TMA takes box
+// rows at its own pace, ~1.1-1.5 cycles each, and the issuing thread waits: perf log, session 21).
+constexpr int kWideRawBoxDims = 128;
+constexpr int kWideRawBlockBytes = kTileKeys * kWideRawBoxDims;                                // 8 KB
+constexpr int kWideRawStageBytes = (kHeadDim + kWideRawBoxDims - 1) / kWideRawBoxDims * kWideRawBlockBytes;  // 40 KB
+// Byte offset of dim `dim` of line `line` in a wide raw tile.
+__host__ __device__ constexpr int wide_raw_offset(int line, int dim) {
+  return (dim / kWideRawBoxDims) * kWideRawBlockBytes + line * 128 + ((((dim % 128) / 16) ^ (line % 8)) * 16) + dim % 16;
+}
+
 // An FP8 key tile widened in place into the 16-bit swizzled tile, by the kAlternatingProducerThreads
-// threads of the alternating kernel's producer warpgroup. The TMA lands raw block b (64 lines x
-// 64 bytes, plain) in the upper half of 16-bit block b, so widening block b overwrites only its
-// own raw bytes: before any thread writes block b, every thread holds its bytes of it in
-// registers (named barrier `barrier`). The loads of block b + 1 are issued right after that
-// barrier, so their latency hides behind block b's conversion and stores. Lines are widened
-// whether or not they hold keys (the consumers zero the lines past the sequence end).
-constexpr int kRawInBlockOffset = kSwizzleBlockBytes / 2;  // 4 KB: the raw block in its 16-bit block
-static_assert(kTileKeys * 64 == kSwizzleBlockBytes - kRawInBlockOffset, "a raw block fills the upper half");
+// threads of the alternating kernel's producer warpgroup. The TMA lands the raw tile (wide,
+// above) in the stage's upper 40 KB, so that 16-bit block b >= 4 overwrites exactly raw block
+// b - 4, whose dims the 16-bit blocks 2 b - 8 and 2 b - 7 take: widened in order, every block
+// overwrites only raw bytes already read, but for blocks 7 and 8, which read their own. Before
+// any thread writes block b, every thread holds its bytes of blocks <= b in registers (named
+// barrier `barrier`); the loads of block b + 1 are issued right after that barrier (they read
+// raw block (b + 1) / 2, never the one block b overwrites), so their latency hides behind
+// block b's conversion and stores. Lines are widened whether or not they hold keys (the
+// consumers zero the lines past the sequence end).
+constexpr int kRawInStageOffset = kTileBlockBytes - kWideRawStageBytes;  // 32 KB
+static_assert(kRawInStageOffset == 4 * kSwizzleBlockBytes && kWideRawBlockBytes == kSwizzleBlockBytes,
+              "16-bit block b >= 4 is raw block b - 4");
 template <bool kHalf>
 __device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int thread, int barrier) {
   constexpr int kUnits = kTileKeys * 8;  // 8 bytes (one 16-byte chunk once widened) per unit
   constexpr int kLineStep = kAlternatingProducerThreads / 8, kUnitsPerThread = kUnits / kAlternatingProducerThreads;
   static_assert(kUnitsPerThread * kAlternatingProducerThreads == kUnits && kLineStep % 8 == 0,
                 "whole units per thread; a thread's lines share their swizzle (line % 8)");
-  const int chunk = thread % 8, first_line = thread / 8;
-  const int source = kRawInBlockOffset + first_line * 64 + chunk * 8;
+  // A warp's four lines are l, l + 1, l + 4, l + 5 (l even): their raw 64-byte halves, swizzled
+  // by line % 8, then cover all 32 banks twice (lines 0..3 would take the same 16 banks).
+  const int chunk = thread % 8, warp = thread / 32, quad = (thread / 8) % 4;
+  const int first_line = (warp % 2) * 2 + (warp / 2) * 8 + quad / 2 + (quad % 2) * 4;
   const int destination = first_line * 128 + (chunk ^ (first_line % 8)) * 16;
+  // Dims 64 b + 8 chunk of line first_line in the raw tile: one of two offsets (b even, odd) plus
+  // a constant (with the offset computed per block the widener spilled at its 56 registers).
+  const int source_even = kRawInStageOffset + wide_raw_offset(first_line, 8 * chunk);
+  const int source_odd = kRawInStageOffset + wide_raw_offset(first_line, 64 + 8 * chunk);
+  auto source = [&](int block) { return (block % 2 ? source_odd : source_even) + (block / 2) * kWideRawBlockBytes; };
   auto load = [&](int block, uint2 (&bytes)[kUnitsPerThread]) {
 #pragma unroll
     for (int j = 0; j < kUnitsPerThread; ++j) {
-      bytes[j] = *reinterpret_cast<const uint2*>(tile + block * kSwizzleBlockBytes + source + j * kLineStep * 64);
+      bytes[j] = *reinterpret_cast<const uint2*>(tile + source(block) + j * kLineStep * 128);
     }
   };
   uint2 bytes[2][kUnitsPerThread];  // blocks b and b + 1
@@ -74,7 +100,7 @@ __device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int threa
   load(0, bytes[0]);
 #pragma unroll
   for (int block = 0; block < kDimBlocks; ++block) {
-    sync_named(barrier, kAlternatingProducerThreads);  // every thread holds its bytes of raw block `block`
+    sync_named(barrier, kAlternatingProducerThreads);  // every thread holds its bytes of blocks <= `block`
     if (block + 1 < kDimBlocks) load(block + 1, bytes[(block + 1) % 2]);
 #pragma unroll
     for (int j = 0; j < kUnitsPerThread; ++j) {
@@ -196,12 +222,16 @@ __device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, 
 
 // Issues a split's key tiles by TMA (one thread): reads the block-table entries of a tile's
 // pages (only pages that hold keys of the sequence: entries past its end may be garbage) and
-// issues one box per 64 dims per page, counted on the barrier `issue` is given. Block b of stage s lands at
-// stages + s * kStageStride + b * kBlockStride (by default packed; the alternating kernel's FP8
-// tiles land in the upper half of each 16-bit block, see widen_key_tile_in_place).
-template <bool kFp8Cache, int kBlockStride = kTileKeys * (kFp8Cache ? 64 : 128), int kStageStride = kDimBlocks * kBlockStride>
+// issues one box per kBoxDims dims per page, counted on the barrier `issue` is given. Block b of
+// stage s lands at stages + s * kStageStride + b * kBlockStride (by default packed; the
+// alternating kernel's FP8 tiles with a 16-bit q in the upper 40 KB of a 16-bit stage, see
+// widen_key_tile_in_place). kBoxDims: 64, or 128 for the alternating kernel's FP8 raw tiles
+// (wide_raw_offset), whose last box reads dims 576..639 past the row's end as zeros.
+template <bool kFp8Cache, int kBlockStride = kTileKeys * (kFp8Cache ? 64 : 128), int kStageStride = kDimBlocks * kBlockStride,
+          int kBoxDims = 64>
 struct KeyTileLoader {
-  static constexpr int kLineBytes = kFp8Cache ? 64 : 128;  // one box line: 64 dims
+  static constexpr int kLineBytes = kBoxDims * (kFp8Cache ? 1 : 2);  // one box line
+  static constexpr int kBlocks = (kHeadDim + kBoxDims - 1) / kBoxDims;  // boxes per page
   static constexpr int kMaxBoxes = kTileKeys / 16;         // pages per tile at the smallest page size
   const CUtensorMap* cache_map;
   const SplitArgs& args;
@@ -232,8 +262,8 @@ struct KeyTileLoader {
   // a consumer may start on the first blocks).
   template <int kParts = 1>
   __device__ __forceinline__ void issue(int tile, int stage, uint64_t* landed) const {
-    static_assert(kDimBlocks % kParts == 0, "whole blocks per part");
-    constexpr int kBlocksPerPart = kDimBlocks / kParts;
+    static_assert(kBlocks % kParts == 0, "whole blocks per part");
+    constexpr int kBlocksPerPart = kBlocks / kParts;
     const int first_key = range.begin + tile * kTileKeys;
     const int boxes = boxes_of(tile);
 #pragma unroll
@@ -246,8 +276,8 @@ struct KeyTileLoader {
       if (box >= boxes) break;
       const int token = (first_key + box * box_tokens) & ((1 << args.page_shift) - 1);
 #pragma unroll
-      for (int block = 0; block < kDimBlocks; ++block) {
-        tma_load_box(destination + block * kBlockStride + box * box_tokens * kLineBytes, cache_map, block * 64,
+      for (int block = 0; block < kBlocks; ++block) {
+        tma_load_box(destination + block * kBlockStride + box * box_tokens * kLineBytes, cache_map, block * kBoxDims,
                      token, pages[box], &landed[block / kBlocksPerPart]);
       }
     }
@@ -299,8 +329,8 @@ __device__ __forceinline__ void load_and_widen_key_tiles(const CUtensorMap* cach
                                                          const int32_t* table_row, const KeyRange& range,
                                                          uint8_t* stages, uint64_t* landed, uint64_t* full,
                                                          uint64_t* empty, int thread, int barrier) {
-  KeyTileLoader<true, kSwizzleBlockBytes, kTileBlockBytes> loader(cache_map, args, table_row, range,
-                                                                  stages + kRawInBlockOffset);
+  KeyTileLoader<true, kWideRawBlockBytes, kTileBlockBytes, kWideRawBoxDims> loader(cache_map, args, table_row, range,
+                                                                                   stages + kRawInStageOffset);
   if (thread == 0) {
     loader.read_pages(0);
     loader.issue(0, 0, &landed[0]);
