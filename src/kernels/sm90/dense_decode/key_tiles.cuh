@@ -64,12 +64,12 @@ __host__ __device__ constexpr int wide_raw_offset(int line, int dim) {
 // threads of the alternating kernel's producer warpgroup. The TMA lands the raw tile (wide,
 // above) in the stage's upper 40 KB, so that 16-bit block b >= 4 overwrites exactly raw block
 // b - 4, whose dims the 16-bit blocks 2 b - 8 and 2 b - 7 take: widened in order, every block
-// overwrites only raw bytes already read, but for blocks 7 and 8, which read their own. Before
-// any thread writes block b, every thread holds its bytes of blocks <= b in registers (named
-// barrier `barrier`); the loads of block b + 1 are issued right after that barrier (they read
-// raw block (b + 1) / 2, never the one block b overwrites), so their latency hides behind
-// block b's conversion and stores. Lines are widened whether or not they hold keys (the
-// consumers zero the lines past the sequence end).
+// overwrites only raw bytes already read, but for blocks 7 and 8, which read their own. Named
+// barriers (`barrier`) before the stores of blocks 4, 6, 7 and 8 make every thread's loads of
+// the raw blocks they overwrite come first; the loads of block b + 1 are issued before block b's
+// stores (they read raw block (b + 1) / 2, never the one block b overwrites), so their latency
+// hides behind block b's conversion and stores. Lines are widened whether or not they hold keys
+// (the consumers zero the lines past the sequence end).
 constexpr int kRawInStageOffset = kTileBlockBytes - kWideRawStageBytes;  // 32 KB
 static_assert(kRawInStageOffset == 4 * kSwizzleBlockBytes && kWideRawBlockBytes == kSwizzleBlockBytes,
               "16-bit block b >= 4 is raw block b - 4");
@@ -100,7 +100,10 @@ __device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int threa
   load(0, bytes[0]);
 #pragma unroll
   for (int block = 0; block < kDimBlocks; ++block) {
-    sync_named(barrier, kAlternatingProducerThreads);  // every thread holds its bytes of blocks <= `block`
+    // Block b's stores overwrite raw block b - 4, which blocks 2 b - 8 and 2 b - 7 read (their
+    // loads issued in steps 2 b - 9 and 2 b - 8): a barrier in a step in (2 b - 8, b] orders them
+    // for every thread. Blocks 0..3 overwrite no raw bytes; steps 4, 6, 7 and 8 cover blocks 4..8.
+    if (block == 4 || block >= 6) sync_named(barrier, kAlternatingProducerThreads);
     if (block + 1 < kDimBlocks) load(block + 1, bytes[(block + 1) % 2]);
 #pragma unroll
     for (int j = 0; j < kUnitsPerThread; ++j) {
