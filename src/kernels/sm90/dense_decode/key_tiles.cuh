@@ -71,8 +71,8 @@ __host__ __device__ constexpr int wide_raw_offset(int line, int dim) {
 // hides behind block b's conversion and stores. Lines are widened whether or not they hold keys
 // (the consumers zero the lines past the sequence end).
 constexpr int kRawInStageOffset = kTileBlockBytes - kWideRawStageBytes;  // 32 KB
-static_assert(kRawInStageOffset == 4 * kSwizzleBlockBytes && kWideRawBlockBytes == kSwizzleBlockBytes,
-              "16-bit block b >= 4 is raw block b - 4");
+static_assert(kRawInStageOffset == 4 * kSwizzleBlockBytes && kWideRawBlockBytes == kSwizzleBlockBytes && kDimBlocks == 9,
+              "16-bit block b >= 4 is raw block b - 4, and the widener's barrier steps (4, 6, 7, 8) cover 9 blocks");
 template <bool kHalf>
 __device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int thread, int barrier) {
   constexpr int kUnits = kTileKeys * 8;  // 8 bytes (one 16-byte chunk once widened) per unit
