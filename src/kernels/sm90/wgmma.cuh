@@ -184,13 +184,18 @@ OPENMLA_DEFINE_WGMMA_RS(wgmma_64x256x16_a_registers_b_n_major, "m64n256k16", 128
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x16x32_fp8, "m64n16k32", 8, "%8", "%9", "%10")
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x32x32_fp8, "m64n32k32", 16, "%16", "%17", "%18")
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x64x32_fp8, "m64n64k32", 32, "%32", "%33", "%34")
-// D (64 x 256) += A (K-major) * B (K-major: V^T, [dim][key]): O += P V, P from shared memory.
+// D (64 x 256) += A (K-major) * B (K-major): the rate micro-benchmark (bench/micro/wgmma_rate.cu).
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x256x32_fp8, "m64n256k32", 128, "%128", "%129", "%130")
-// D (64 x 256) += A (registers: the m64k32 e4m3 fragment, row 16 w + lane / 4 (+ 8 in a[1],
-// a[3]), k 4 (lane % 4) .. + 3 (+ 16 in a[2], a[3])) * B (K-major: V^T): O += P V.
 __device__ __forceinline__ void wgmma_64x256x32_fp8_a_registers(float (&d)[128], const uint32_t (&a)[4], uint64_t b,
                                                                 bool accumulate) {
   OPENMLA_WGMMA_RS("m64n256k32", "e4m3.e4m3", 128, "{%128, %129, %130, %131}", "%132", "%133", "");
+}
+// D (64 x 64) += A (registers: the m64k32 e4m3 fragment, row 16 w + lane / 4 (+ 8 in a[1], a[3]),
+// k 4 (lane % 4) .. + 3 (+ 16 in a[2], a[3])) * B (K-major: P, [row][key]): O^T = V^T P^T for 64
+// value dims (dense_decode/fp8_tiles.cuh TransposedValueFragments).
+__device__ __forceinline__ void wgmma_64x64x32_fp8_a_registers(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
+                                                               bool accumulate) {
+  OPENMLA_WGMMA_RS("m64n64k32", "e4m3.e4m3", 32, "{%32, %33, %34, %35}", "%36", "%37", "");
 }
 
 // Accumulator element i of a thread (warp w of the warpgroup, lane l): row and column of D.

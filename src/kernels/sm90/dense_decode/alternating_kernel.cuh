@@ -35,10 +35,12 @@
 // P V of its tile are done; a 16-bit tile lands in three parts (kAlternatingKeyParts), S
 // waiting for each part in turn. An FP8 tile (36 KB, 128-dim boxes) with a 16-bit q lands in its
 // stage's upper 40 KB and is widened exactly to fp16 in place, then the stage is full.
-// fp8 q and cache (kFp8Math, fp8_tiles.cuh): both products on e4m3 wgmma (m64n64k32 for S with
-// Q and the raw tile in shared memory, m64n256k32 for O += P V with P in e4m3); two raw stages
-// (40 KB: 128-dim boxes, fp8_tiles.cuh wide_raw_offset) that S and the producer warpgroup's
-// transposition read, and three value tiles (V^T, 32 KB) that O += P V reads: 220 KB.
+// fp8 q and cache (kFp8Math, fp8_tiles.cuh): both products on e4m3 wgmma, S (m64n64k32) with Q
+// and the raw tile in shared memory, and the output transposed, O^T += V^T P^T (4 x m64n64k32 per
+// warpgroup and k step), with V^T's fragments built in registers from the raw tile and P^T read
+// as the softmax stored it (both warpgroups read both P buffers). Four raw stages (40 KB:
+// 128-dim boxes, key_tiles.cuh wide_raw_offset), each released once both warpgroups have their
+// V fragments (the owner's S is done before): 206 KB.
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
 // guards that keep a row without keys at output 0 and LSE -inf; with 16-bit P the reference
 // moves (and the output is rescaled) only when a tile's maximum passes it by more than 2^8.
@@ -66,6 +68,10 @@ constexpr int kRopeSteps = (kHeadDim - kLatentDim) / 16;  // S's k steps over th
 // How far (base 2) a tile's row maximum may pass the softmax's reference before the reference
 // moves (16-bit P: p <= 2^8; see own_softmax).
 constexpr float kReferenceSlackLog2 = 8.0f;
+// e4m3 P (fp8 q and cache) is stored as 2^8 p: with p <= 2^0.75 it stays under e4m3's largest
+// value, 448 (2^8.75 = 430.5), so the reference may lag the maximum by 0.75.
+constexpr float kE4m3ReferenceSlackLog2 = 0.75f;
+static_assert(256.0f * 1.6818f < 448.0f, "2^(8 + kE4m3ReferenceSlackLog2) <= 448");
 
 // Handoffs between the warpgroups: mbarriers that all 128 threads of the signalling warpgroup
 // arrive on (release) and the other waits on (acquire), one phase per pair; the waiter passes
@@ -101,29 +107,28 @@ static_assert(AlternatingLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared m
 static_assert(AlternatingLayout::kKeys + kAlternatingStagingBytes <= AlternatingLayout::kMaxima,
               "the epilogue's staging fits the key stages (and P_b)");
 
-// With fp8 q and cache (kFp8Math, fp8_tiles.cuh): Q 36 KB, two raw key stages of 40 KB, three
-// value tiles (V^T) of 32 KB, the P buffers 4 KB each: 220 KB.
+// With fp8 q and cache (kFp8Math, fp8_tiles.cuh): Q 36 KB, four raw key stages of 40 KB, the P
+// buffers 4 KB each: 206 KB.
 struct AlternatingFp8Layout {
   static constexpr int kQuery = 0;
   static constexpr int kKeys = kRawFp8StageBytes;
-  static constexpr int kValues = kKeys + kFp8RawStages * kWideRawStageBytes;
-  static constexpr int kProbabilitiesA = kValues + kFp8ValueTiles * kValueTileBytes;
+  static constexpr int kProbabilitiesA = kKeys + kFp8RawStages * kWideRawStageBytes;
   static constexpr int kProbabilitiesB = kProbabilitiesA + kRawBlockBytes;
   static constexpr int kMaxima = kProbabilitiesB + kRawBlockBytes;
   static constexpr int kFactorA = kMaxima + kRowsPerTile * 4;
   static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;
   static constexpr int kSums = kFactorB + kRowsPerTile * 4;
-  // full[kFp8ValueTiles], empty[kFp8ValueTiles], landed[kFp8RawStages], raw_empty[kFp8RawStages]
-  static constexpr int kBarriers = kSums + 2 * kRowsPerTile * 4;
-  static constexpr int kHandoffs = kBarriers + 2 * (kFp8ValueTiles + kFp8RawStages) * 8;
+  static constexpr int kMovedFlags = kSums + 2 * kRowsPerTile * 4;  // [warpgroup][warp] ints
+  // full[kFp8RawStages], empty[kFp8RawStages]
+  static constexpr int kBarriers = kMovedFlags + 2 * 4 * 4;
+  static constexpr int kHandoffs = kBarriers + 2 * kFp8RawStages * 8;
   static constexpr int kBytes = kHandoffs + kHandoffCount * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
 };
 static_assert(AlternatingFp8Layout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
-static_assert(kRawFp8StageBytes % 1024 == 0 && kWideRawStageBytes % 1024 == 0 && kValueTileBytes % 1024 == 0,
-              "swizzle atoms stay aligned");
+static_assert(kRawFp8StageBytes % 1024 == 0 && kWideRawStageBytes % 1024 == 0, "swizzle atoms stay aligned");
 static_assert(AlternatingFp8Layout::kKeys + kAlternatingStagingBytes <= AlternatingFp8Layout::kMaxima,
-              "the epilogue's staging fits the raw stages, value tiles and P buffers");
+              "the epilogue's staging fits the raw stages and P buffers");
 
 // fp8 q and cache: both products on e4m3 wgmma (fp8_tiles.cuh); else 16-bit math. The kernel
 // and its launcher (the shared-memory size) take the layout from here.
@@ -154,14 +159,12 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   auto probability_buffer = [&](int which) {
     return shared + (which ? Layout::kProbabilitiesB : Layout::kProbabilitiesA);
   };
-  // The 16-bit stages (kFp8Math: the value tiles) are released per tile on `empty`.
-  constexpr int kReleasedStages = kFp8Math ? kFp8ValueTiles : 2;
+  // The stages (kFp8Math: the raw stages) are released per tile on `empty`.
+  constexpr int kStages = kFp8Math ? kFp8RawStages : 2;
   constexpr int kKeyParts = kFp8Cache ? 1 : kAlternatingKeyParts;  // FP8: the wideners fill `full`
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);  // [stage][part]
-  uint64_t* empty = full + kReleasedStages * kKeyParts;
-  uint64_t* landed = empty + kReleasedStages;  // FP8 cache: the raw tile is in the stage (TMA bytes)
-  // kFp8Math: full / empty are the value tiles', landed / raw_empty the raw stages'.
-  uint64_t* raw_empty = landed + kFp8RawStages;
+  uint64_t* empty = full + kStages * kKeyParts;
+  uint64_t* landed = empty + kStages;  // FP8 cache, 16-bit q: the raw tile is in the stage (TMA bytes)
   uint64_t* handoffs = reinterpret_cast<uint64_t*>(shared + Layout::kHandoffs);
   // Whole warps signal (see ConsumerBarrier in narrow_kernel.cuh: no lane of a warp waits
   // while another lane of it has yet to arrive).
@@ -190,43 +193,33 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     for (int handoff = 0; handoff < kHandoffCount; ++handoff) {
       mbarrier_init(&handoffs[handoff], handoff == kRowsStaged ? kConsumerThreads : 128);
     }
-    if constexpr (kFp8Math) {  // value tiles: the transposers, then both warpgroups; raw stages: the
-                               // TMA, then the transposers and the owner's S
-      for (int stage = 0; stage < kFp8ValueTiles; ++stage) {
-        mbarrier_init(&full[stage], kAlternatingProducerThreads);
-        mbarrier_init(&empty[stage], kConsumerThreads);
-      }
-      for (int stage = 0; stage < kFp8RawStages; ++stage) {
-        mbarrier_init(&landed[stage], 1);
-        mbarrier_init(&raw_empty[stage], 128 + kAlternatingProducerThreads);
-      }
-      fence_barrier_init();
-    } else if constexpr (kFp8Cache) {
+    if constexpr (kFp8Cache && !kFp8Math) {
       for (int stage = 0; stage < 2; ++stage) mbarrier_init(&full[stage], kAlternatingProducerThreads);
     }
   }
-  // An FP8 tile lands on `landed`; the widener threads fill the stage and arrive on `full`.
-  if constexpr (!kFp8Math) init_stage_barriers(kFp8Cache ? landed : full, empty, kConsumerThreads, 2, 1, kKeyParts);
+  // With a 16-bit q an FP8 tile lands on `landed`; the widener threads fill the stage and arrive
+  // on `full`.
+  init_stage_barriers(kFp8Cache && !kFp8Math ? landed : full, empty, kConsumerThreads, kStages, 1, kKeyParts);
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads) {  // the producer warpgroup
-    set_register_count<(kFp8Math ? kFp8MathProducerRegisters : kFp8Cache ? kFp8ProducerRegisters : kProducerRegisters),
-                       false>();
+    constexpr bool kWidens = kFp8Cache && !kFp8Math;
+    set_register_count<(kWidens ? kFp8ProducerRegisters : kProducerRegisters), false>();
     const int producer_thread = threadIdx.x - kConsumerThreads;
-    if constexpr (kFp8Math) {
-      load_and_transpose_value_tiles(&cache_map, args, table_row, range, stages, shared + Layout::kValues, landed,
-                                     raw_empty, full, empty, producer_thread);
-    } else if constexpr (kFp8Cache) {
+    if constexpr (kWidens) {
       load_and_widen_key_tiles<kHalf>(&cache_map, args, table_row, range, stages, landed, full, empty,
                                       producer_thread, kWidenerBarrier);
     } else if (producer_thread == 0) {
-      produce_key_tiles<false, 2, 1, kKeyParts>(&cache_map, args, table_row, range, stages, full, empty);
+      if constexpr (kFp8Math) {
+        produce_key_tiles<true, kFp8RawStages, 1, 1,
+                          KeyTileLoader<true, kWideRawBlockBytes, kWideRawStageBytes, kWideRawBoxDims>>(
+            &cache_map, args, table_row, range, stages, full, empty);
+      } else {
+        produce_key_tiles<false, 2, 1, kKeyParts>(&cache_map, args, table_row, range, stages, full, empty);
+      }
     }
     return;
   }
-  set_register_count<(kFp8Math    ? kFp8MathConsumerRegisters
-                      : kFp8Cache ? kFp8ConsumerRegisters
-                                  : kConsumerRegisters),
-                     true>();
+  set_register_count<(kFp8Cache && !kFp8Math ? kFp8ConsumerRegisters : kConsumerRegisters), true>();
 
   float logit_scale = args.logit_scale_log2;
   if constexpr (kFp8Math) {
@@ -271,7 +264,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     const int first_key = range.begin + tile * kTileKeys;
     if constexpr (kFp8Math) {  // the raw tile as it landed; past-the-end keys are masked below
       uint8_t* keys = stages + (tile % kFp8RawStages) * kWideRawStageBytes;
-      mbarrier_wait(&landed[tile % kFp8RawStages], (tile / kFp8RawStages) % 2);
+      mbarrier_wait(&full[tile % kFp8RawStages], (tile / kFp8RawStages) % 2);
       const uint64_t fp8_query_descriptor = make_descriptor_64b(query, 512);
       const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);  // 128-byte swizzle (wide_raw_offset)
       wgmma_fence();
@@ -283,7 +276,6 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       wgmma_commit();
       wgmma_wait<0>();
       fence_accumulators(scores);
-      mbarrier_arrive(&raw_empty[tile % kFp8RawStages]);
     } else {
       const int valid = range.length - first_key;
       uint8_t* keys = stages + (tile % 2) * kTileBlockBytes;
@@ -363,13 +355,13 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     // (kReferenceSlackLog2), so most tiles leave factor 1 and both warpgroups skip the rescale of
     // their 128 output accumulators, which sits on the pair's chain (adopt, then O += P V).
     // A 16-bit p <= 2^8 keeps its relative precision and the fp32 sums have range to spare;
-    // e4m3 P, already stored as 2^8 p (max 448), has no headroom: exact maxima there (slack 0).
+    // e4m3 P, already stored as 2^8 p (max 448), has 0.8 bits of headroom (kE4m3ReferenceSlackLog2).
     // 16-bit caches: a row's maximum over its quad takes two shuffle rounds, and shuffles queue
     // behind the other warpgroup's S, whose operands stream through shared memory (softmax a:
     // ~460 cycles a pair, ncu, perf log session 18). A reference can move only where some
     // lane's own maximum passes it, so the warp votes first and shuffles only then (the result
     // is the same): bf16 D1 Hq128 3-5% fewer cycles.
-    constexpr float kSlack = kFp8Math ? 0.0f : kReferenceSlackLog2;
+    constexpr float kSlack = kFp8Math ? kE4m3ReferenceSlackLog2 : kReferenceSlackLog2;
     float new_max[2] = {running_max[0], running_max[1]};
     if constexpr (kFp8Cache) {  // tile_max holds the row maxima (tile_scores)
       // (With slack 0 this is fmaxf but for a NaN running maximum, which never occurs: a NaN
@@ -417,6 +409,13 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       }
     }
   };
+  // kFp8Math: whether any factor of the tile `columns_of` names (0: a, 1: b) differs from 1; its
+  // owner's warps publish one flag each with P (moved_flags), so that the O^T rescale, whose
+  // accumulator columns are rows of every warp, reads the factors only when they moved.
+  bool columns_moved = false;
+  int columns_of = 0;
+  int* moved_flags = nullptr;
+  if constexpr (kFp8Math) moved_flags = reinterpret_cast<int*>(shared + Layout::kMovedFlags);
   // P, the new maxima and the factor that rescales everything before the own tile, into shared
   // memory for the other warpgroup.
   auto publish = [&](int pair, const float (&factor)[2]) {
@@ -442,8 +441,17 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
         factors(warpgroup)[row0 + 8 * half] = factor[half];
       }
     }
+    bool warp_moved = false;
+    if constexpr (kFp8Math) {
+      warp_moved = __any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f);
+      if (lane == 0) moved_flags[4 * warpgroup + warp] = warp_moved;
+    }
     fence_shared_for_async_proxy();
     signal(warpgroup == 0 ? kPublishedA : kPublishedB);
+    if constexpr (kFp8Math) {  // O^T reads the own P and factors too
+      columns_moved = sync_named_any(2 + warpgroup, 128, warp_moved);
+      columns_of = warpgroup;
+    }
   };
 
   // The other warpgroup's published maxima and factor: rescale the running state to them.
@@ -455,29 +463,65 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       running_max[half] = maxima[row0 + 8 * half];
       running_sum[half] *= factor[half];
     }
+    if constexpr (kFp8Math) {  // in the same round trip
+      const int4 flags = *reinterpret_cast<const int4*>(moved_flags + 4 * owner);
+      columns_moved = (flags.x | flags.y | flags.z | flags.w) != 0;
+      columns_of = owner;
+    }
   };
+  // `factor`: this thread's rows' factors; with O^T (kFp8Math) the rows are its accumulator
+  // columns, whose factors are read from the published buffer when any moved.
   auto rescale_output = [&](const float (&factor)[2]) {
-    if (factor[0] != 1.0f || factor[1] != 1.0f) {
+    if constexpr (kFp8Math) {
+      if (columns_moved) {
+        float column_factor[16];  // accumulator i of each M tile: column_factor[2 ((i % 32) / 4) + i % 2]
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float2 pair = *reinterpret_cast<const float2*>(factors(columns_of) + 8 * j + 2 * (lane % 4));
+          column_factor[2 * j] = pair.x;
+          column_factor[2 * j + 1] = pair.y;
+        }
+#pragma unroll
+        for (int i = 0; i < 128; ++i) output[i] *= column_factor[2 * ((i % 32) / 4) + i % 2];
+      }
+    } else if (factor[0] != 1.0f || factor[1] != 1.0f) {
 #pragma unroll
       for (int i = 0; i < 128; ++i) output[i] *= factor[(i / 2) % 2];
+    }
+  };
+  // kFp8Math: the V^T fragments of a tile ([k step][M tile]), loaded once the raw tile is in
+  // (load_value_fragments) and kept until its O^T product is done; one tile's at a time (two
+  // spilled).
+  uint32_t value_fragments[2][kOutputTilesPerWarpgroup][4];
+  const TransposedValueFragments value_reader(warpgroup, warp, lane);
+  auto load_value_fragments = [&](int tile) {
+    if constexpr (kFp8Math) {
+      mbarrier_wait(&full[tile % kFp8RawStages], (tile / kFp8RawStages) % 2);
+      const uint8_t* raw = stages + (tile % kFp8RawStages) * kWideRawStageBytes;
+#pragma unroll
+      for (int step = 0; step < kTileKeys / 32; ++step) value_reader.load(raw, step, value_fragments[step]);
     }
   };
   // O += P V for this warpgroup's value columns over tile `tile`, P from registers or from the
   // other warpgroup's buffer (one wgmma group; the caller waits).
   auto value_product = [&](int tile, bool own) {
-    if constexpr (kFp8Math) {  // V^T from the value tile (transposed by the producer warpgroup)
-      mbarrier_wait(&full[tile % kFp8ValueTiles], (tile / kFp8ValueTiles) % 2);
-      const uint64_t value_descriptor = make_descriptor_64b(
-          shared + Layout::kValues + (tile % kFp8ValueTiles) * kValueTileBytes + warpgroup * (kValueTileBytes / 2), 512);
+    if constexpr (kFp8Math) {  // O^T += V^T P^T: both P from shared memory
+      const int valid = range.length - (range.begin + tile * kTileKeys);
+#pragma unroll
+      for (int step = 0; step < kTileKeys / 32; ++step) {
+        TransposedValueFragments::arrange(step, valid, lane, value_fragments[step]);
+      }
+      // The fragments are in registers and the owner's S is done: the raw stage is free.
+      mbarrier_arrive(&empty[tile % kFp8RawStages]);
       const uint64_t probability_descriptor = make_descriptor_64b(probability_buffer(tile % 2), 512);
       wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kTileKeys / 32; ++k) {
-        if (own) {
-          wgmma_64x256x32_fp8_a_registers(output, probabilities[k], advance_descriptor(value_descriptor, 32 * k), true);
-        } else {
-          wgmma_64x256x32_fp8(output, advance_descriptor(probability_descriptor, 32 * k),
-                              advance_descriptor(value_descriptor, 32 * k), true);
+      for (int step = 0; step < kTileKeys / 32; ++step) {
+#pragma unroll
+        for (int m = 0; m < kOutputTilesPerWarpgroup; ++m) {
+          wgmma_64x64x32_fp8_a_registers(*reinterpret_cast<float(*)[32]>(output + 32 * m),
+                                         value_fragments[step][m],
+                                         advance_descriptor(probability_descriptor, 32 * step), true);
         }
       }
       wgmma_commit();
@@ -499,10 +543,12 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     }
     wgmma_commit();
   };
-  auto finish_value_product_and_release = [&](int tile) {  // once per tile per warpgroup
+  // Once per tile per warpgroup. A 16-bit stage is released here (V is read by the product);
+  // kFp8Math's raw stages were released when the fragments were arranged.
+  auto finish_value_product = [&](int tile) {
     wgmma_wait<0>();
     fence_accumulators(output);
-    mbarrier_arrive(&empty[tile % kReleasedStages]);
+    if constexpr (!kFp8Math) mbarrier_arrive(&empty[tile % 2]);
   };
 
   for (int pair = 0; pair < pairs; ++pair) {
@@ -511,22 +557,25 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     float tile_max[2], factor[2];
     if (warpgroup == 0) {
       tile_scores(tile_a, tile_max);
+      load_value_fragments(tile_a);  // (kFp8Math) in flight during the softmax
       own_softmax(tile_max, factor);
       publish(pair, factor);
       rescale_output(factor);
       value_product(tile_a, true);
       if (has_b) {
         adopt(1, pair, factor);
-        finish_value_product_and_release(tile_a);
+        finish_value_product(tile_a);
+        load_value_fragments(tile_b);  // in flight during the rescale (one buffer: registers)
         rescale_output(factor);
         value_product(tile_b, false);
-        finish_value_product_and_release(tile_b);
+        finish_value_product(tile_b);
         if (has_next) signal(kConsumedB);
       } else {
-        finish_value_product_and_release(tile_a);
+        finish_value_product(tile_a);
       }
     } else {
       if (has_b) tile_scores(tile_b, tile_max);
+      load_value_fragments(tile_a);
       adopt(0, pair, factor);
       rescale_output(factor);
       value_product(tile_a, false);  // runs while this warpgroup does tile b's softmax
@@ -534,13 +583,14 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
         own_softmax(tile_max, factor);
         publish(pair, factor);  // first: warpgroup 0 waits for it (releasing tile a's stage
                                 // before it measured 3-6% slower)
-        finish_value_product_and_release(tile_a);
+        finish_value_product(tile_a);
         if (has_next) signal(kConsumedA);
+        load_value_fragments(tile_b);
         rescale_output(factor);
         value_product(tile_b, true);
-        finish_value_product_and_release(tile_b);
+        finish_value_product(tile_b);
       } else {
-        finish_value_product_and_release(tile_a);
+        finish_value_product(tile_a);
       }
     }
   }
@@ -557,9 +607,10 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   // Both warpgroups are past their last tile (the sums handoff above): the key stages are free.
   const OutputDestination destination = output_destination(args, split);
   uint8_t* staging = shared + Layout::kKeys;
-  stage_alternating_output(args, destination, batch_index, first_row, rows_here, warpgroup, lane, row0, running_max,
-                           running_sum, sums + (1 - warpgroup) * kRowsPerTile, output,
-                           kFp8Math ? kProbabilityLog2Scale : 0.0f, staging);
+  // (The factor buffers are free: both warpgroups are past their last rescale.)
+  stage_alternating_output<kFp8Math>(args, destination, batch_index, first_row, rows_here, warpgroup, lane, row0,
+                                     running_max, running_sum, sums + (1 - warpgroup) * kRowsPerTile, output,
+                                     kFp8Math ? kProbabilityLog2Scale : 0.0f, staging, factors(warpgroup));
   // Every row staged, on an mbarrier (racecheck does not count a named barrier across the two
   // warpgroups, bar.sync 1, 256, as ordering their shared-memory accesses: see ConsumerBarrier in
   // narrow_kernel.cuh).

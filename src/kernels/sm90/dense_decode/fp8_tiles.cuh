@@ -7,23 +7,18 @@
 // wgmma takes 8-bit operands K-major only. S = Q K^T is K-major as stored: Q (64 rows) is 9
 // blocks of [64 lines][64 bytes] with the 64-byte swizzle (raw_fp8_offset), the raw key tile (as
 // the TMA lands it) 5 blocks of [64 lines][128 bytes] with the 128-byte swizzle (wide_raw_offset;
-// the narrow kernel's are 64-byte blocks like Q). O += P V needs V^T, [dim][key]: the producer warpgroup transposes
-// the tile's first 512 dims into a value tile of [512 lines][64 bytes] (same swizzle), with
-// ldmatrix.trans (16 keys x 32 dims per warp and instruction), byte permutes and stmatrix.
+// the narrow kernel's are 64-byte blocks like Q). The output product runs transposed, O^T = V^T
+// P^T, so that V^T is the A operand, which wgmma takes from registers: each consumer warpgroup
+// builds its V^T fragments from the raw tile (TransposedValueFragments) and P^T is P as stored.
 //
-// P goes from the S accumulators to the m64k32 e4m3 A fragment without moving between threads:
-// the fragment's k columns 4 t .. 4 t + 3 of a thread (t = lane % 4) hold the keys its
-// accumulators hold, 2 t, 2 t + 1, 8 + 2 t, 9 + 2 t (per 16 keys). The value tile's columns
-// follow that order (value_key_of_column), and so does P in shared memory. P is stored as 256 p
-// (p <= 1 after the running maximum is subtracted): e4m3 has 3 mantissa bits from 2^-6 up and
-// subnormals down to 2^-9, and the factor moves probabilities down to 2^-17 out of the flush to
-// zero. The row sums add the
-// unrounded 256 p, so the output's normaliser cancels the factor and the LSE subtracts log2 256.
-//
-// Bank conflicts: ldmatrix reads 8 keys x 16 bytes per matrix, which the 128-byte swizzle spreads
-// over all banks; stmatrix writes 8 dim lines per matrix, and a matrix takes the dims 2 r + 0/1
-// with r = 0..7 alternating between even and odd dims at r = 4, so that its 8 lines have 8
-// distinct (line % 8) and the swizzle spreads them too.
+// P goes from the S accumulators to e4m3 without moving between threads: a thread's
+// accumulators hold keys 2 t, 2 t + 1, 8 + 2 t, 9 + 2 t (per 16; t = lane % 4), which its m64k32
+// e4m3 fragment columns 4 t .. 4 t + 3 are (value_key_of_column); the softmax stores them as they
+// are (stmatrix), so P in shared memory, and the V^T fragments, take the keys in that order. P is
+// stored as 256 p (p <= 1 after the running maximum is subtracted): e4m3 has 3 mantissa bits from
+// 2^-6 up and subnormals down to 2^-9, and the factor moves probabilities down to 2^-17 out of the
+// flush to zero. The row sums add the unrounded 256 p, so the output's normaliser cancels the
+// factor and the LSE subtracts log2 256.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -32,10 +27,9 @@
 
 namespace openmla::kernels::sm90 {
 
-constexpr int kValueTileBytes = kLatentDim * kTileKeys;  // 32 KB: V^T, 512 dim lines x 64 keys
-constexpr float kProbabilityLog2Scale = 8.0f;            // P is stored as 2^8 p
+constexpr float kProbabilityLog2Scale = 8.0f;  // P is stored as 2^8 p
 
-// The key (0..63) that column `column` of the value tile (and of P's A fragments) holds.
+// The key (0..63) that column `column` of P (and of the V^T fragments) holds.
 __host__ __device__ constexpr int value_key_of_column(int column) {
   const int x = column % 16;
   return (column & ~15) + 8 * ((x % 4) / 2) + 2 * (x / 4) + x % 2;
@@ -151,7 +145,7 @@ __device__ __forceinline__ void load_e4m3_query_rows(const SplitArgs& args, int 
 }
 
 // Four 8 x 8 matrices of 16-bit values, transposed; lane l gives the address of row l % 8 of
-// matrix l / 8 (see ValueTransposer for what each lane receives).
+// matrix l / 8, and receives elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4) of each.
 __device__ __forceinline__ void load_transposed_matrices_x4(const uint8_t* row, uint32_t (&values)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(values[0]), "=r"(values[1]), "=r"(values[2]), "=r"(values[3])
@@ -165,132 +159,76 @@ __device__ __forceinline__ void store_matrices_x4(uint8_t* row, const uint32_t (
                : "memory");
 }
 
-// One warp's share of a value tile: warp w of the producer warpgroup transposes keys 16 w ..
-// 16 w + 15 of every dim, 32 dims per step. ldmatrix.trans on the tile viewed as 16-bit pairs
-// gives lane (g = lane / 4, t = lane % 4), per matrix, dims 2 g and 2 g + 1 of keys 2 t and
-// 2 t + 1 (matrices 0, 2: keys + 0..7 of dims + 0..15 / + 16..31; 1, 3: keys + 8..15); two byte
-// permutes make the words (one dim, keys 2 t, 2 t + 1, 8 + 2 t, 9 + 2 t), i.e. value-tile
-// columns 4 t .. 4 t + 3 of the key group, and stmatrix stores them as rows = dims.
-// (Spreading each key group's steps over all four warps instead, with each step's load issued
-// before the previous step's store, made the FP8 D1 Hq128 cases 25-30% slower: perf log.)
-struct ValueTransposer {
-  int load[4];  // ldmatrix row offsets for the 32-dim steps s % 4 = 0..3 of a 128-dim block (wide_raw_offset)
-  int store;    // stmatrix row offset (+ 2048 per 32 dims)
-  uint32_t first_selector, second_selector;  // the words for stmatrix matrices A (0, 2) and B (1, 3)
+// The alternating kernel with fp8 q computes O^T = V^T P^T: each consumer warpgroup owns 256 of
+// the 512 value dims as 4 M tiles of 64 (wgmma m64n64k32, N = the 64 query rows, B = P^T, which
+// is P as the softmax stores it: [row][key], K-major). The V^T A fragments come from the raw
+// tile into registers: a transposed copy of V in shared memory (a producer warpgroup's
+// ldmatrix.trans, permutes and stmatrix into value tiles, then wgmma reading them) put 64 KB of
+// shared-memory traffic and a producer's latency into every tile (perf log, session 22).
+constexpr int kFp8RawStages = 4;   // raw tiles in flight (a stage is free once its V fragments are loaded)
+constexpr int kOutputTilesPerWarpgroup = 4;  // O^T's M tiles of 64 dims per warpgroup
 
-  __device__ __forceinline__ ValueTransposer(int warp, int lane) {
-    const int matrix = lane / 8, key = 16 * warp + lane % 8 + 8 * (matrix % 2);
+// The dim that row `row` (0..63) of M tile `tile` of warpgroup `warpgroup`'s O^T holds: warp w's
+// 16 rows are dims 16 w .. 16 w + 15 of the tile's 64, row g (< 8) dim 2 g, row g + 8 dim 2 g + 1.
+__host__ __device__ constexpr int transposed_value_dim(int warpgroup, int tile, int row) {
+  return 256 * warpgroup + 64 * tile + 16 * (row / 16) + 2 * (row % 8) + (row / 8) % 2;
+}
+
+// A thread's V^T A fragments (m64k32 e4m3: register r holds M row 16 w + g + 8 (r % 2), k
+// columns 16 (r / 2) + 4 q .. + 3, g = lane / 4, q = lane % 4). ldmatrix.trans on the raw tile
+// viewed as 16-bit dim pairs, with lane l addressing key line 32 s + l (matrix j: keys 8 j ..
+// 8 j + 7) at the warp's 16 dims, gives per matrix keys 8 j + 2 q, + 1 of dims 2 g, 2 g + 1; two
+// byte permutes of matrices (0, 1) and (2, 3) make the words (one dim; keys 2 q, 2 q + 1, 8 + 2 q,
+// 9 + 2 q): k columns 4 q .. 4 q + 3 in value_key_of_column's order, which P shares. The 128-byte
+// swizzle puts a matrix's 8 key lines (l % 8 distinct) on 8 distinct chunks: no bank conflicts.
+struct TransposedValueFragments {
+  int offset[2];  // key line `lane`, M tiles 0 / 1 (tiles 2, 3: + 8 KB; k step s: + 32 s lines)
+
+  __device__ __forceinline__ TransposedValueFragments(int warpgroup, int warp, int lane) {
 #pragma unroll
-    for (int quarter = 0; quarter < 4; ++quarter) load[quarter] = wide_raw_offset(key, 32 * quarter + 16 * (matrix / 2));
-    const int r = lane % 8;  // row r of stmatrix matrix `matrix`: dim 2 r + (r / 4 for A, 1 - r / 4 for B)
-    const int dim = 16 * (matrix / 2) + 2 * r + ((r / 4) ^ (matrix % 2));
-    store = dim * 64 + ((warp ^ ((dim / 2) % 4)) * 16);
-    const bool odd_first = (lane / 4) / 4 == 1;  // this lane's row g of A is dim 2 g + 1
-    first_selector = odd_first ? 0x7531u : 0x6420u;
-    second_selector = odd_first ? 0x6420u : 0x7531u;
+    for (int m = 0; m < 2; ++m) offset[m] = wide_raw_offset(lane, transposed_value_dim(warpgroup, m, 16 * warp));
   }
 
-  // The loads of kBatch steps are issued before their stores: under the consumers' wgmma
-  // traffic an ldmatrix takes hundreds of cycles, and one step at a time (load, permute, store)
-  // left the consumers waiting for value tiles (ncu, FP8 D1 Hq128 B16: a fifth of all samples).
-  template <bool kMask>
-  __device__ __forceinline__ void run_steps(const uint8_t* raw, uint8_t* values, uint32_t mask_low,
-                                            uint32_t mask_high) const {
-    constexpr int kSteps = kLatentDim / 32, kBatch = 8;
-    static_assert(kSteps % kBatch == 0 && kBatch % 4 == 0, "whole batches of whole 128-dim blocks");
-#pragma unroll 1
-    for (int first = 0; first < kSteps; first += kBatch) {
-      uint32_t pairs[kBatch][4];
+  // The ldmatrix.trans results of k step `step` (keys 32 step ..) for the 4 M tiles; `arrange`
+  // makes them fragments. Split so that a consumer issues the loads early and permutes them
+  // only when its product is due (the permutes would wait for the loads).
+  __device__ __forceinline__ void load(const uint8_t* raw, int step, uint32_t (&fragments)[kOutputTilesPerWarpgroup][4]) const {
+    static_assert(transposed_value_dim(0, 2, 0) - transposed_value_dim(0, 0, 0) == kWideRawBoxDims,
+                  "tiles 2, 3 are tiles 0, 1 one raw block on");
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int step = first + j;  // step % 4 == j % 4: kBatch is a multiple of 4
-        load_transposed_matrices_x4(raw + (step / 4) * kWideRawBlockBytes + load[j % 4], pairs[j]);
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        if constexpr (kMask) {
-          pairs[j][0] &= mask_low;
-          pairs[j][1] &= mask_high;
-          pairs[j][2] &= mask_low;
-          pairs[j][3] &= mask_high;
-        }
-        uint32_t words[4];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          words[2 * half] = __byte_perm(pairs[j][2 * half], pairs[j][2 * half + 1], first_selector);
-          words[2 * half + 1] = __byte_perm(pairs[j][2 * half], pairs[j][2 * half + 1], second_selector);
-        }
-        store_matrices_x4(values + (first + j) * 2048 + store, words);
-      }
+    for (int m = 0; m < kOutputTilesPerWarpgroup; ++m) {
+      load_transposed_matrices_x4(raw + offset[m % 2] + (m / 2) * kWideRawBlockBytes + step * 32 * 128, fragments[m]);
     }
   }
-
-  // Value tile of the raw tile; keys at or past `valid` (0..64) become zeros (unused slots and
-  // stale lines may hold NaN, and P V multiplies them by P = 0).
-  __device__ __forceinline__ void run(const uint8_t* raw, uint8_t* values, int valid, int warp, int lane) const {
-    if (valid >= kTileKeys) {
-      run_steps<false>(raw, values, 0, 0);
-    } else {
-      const int first = 16 * warp + 2 * (lane % 4);
-      auto mask_of = [&](int key) {
-        return (key < valid ? 0x0000ffffu : 0u) | (key + 1 < valid ? 0xffff0000u : 0u);
-      };
-      run_steps<true>(raw, values, mask_of(first), mask_of(first + 8));
+  // Keys at or past `valid` become zeros (unused slots may hold NaN, which P = 0 would not cancel).
+  __device__ __forceinline__ static void arrange(int step, int valid, int lane,
+                                                 uint32_t (&fragments)[kOutputTilesPerWarpgroup][4]) {
+#pragma unroll
+    for (int m = 0; m < kOutputTilesPerWarpgroup; ++m) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t low = fragments[m][2 * half], high = fragments[m][2 * half + 1];  // matrices 2 half, + 1
+        fragments[m][2 * half] = __byte_perm(low, high, 0x6420);      // dim 2 g
+        fragments[m][2 * half + 1] = __byte_perm(low, high, 0x7531);  // dim 2 g + 1
+      }
+    }
+    if (valid < kTileKeys) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint32_t mask = 0;
+#pragma unroll
+        for (int byte = 0; byte < 4; ++byte) {
+          const int key = 32 * step + 16 * half + value_key_of_column(4 * (lane % 4) + byte);
+          mask |= key < valid ? 0xffu << (8 * byte) : 0u;
+        }
+#pragma unroll
+        for (int m = 0; m < kOutputTilesPerWarpgroup; ++m) {
+          fragments[m][2 * half] &= mask;
+          fragments[m][2 * half + 1] &= mask;
+        }
+      }
     }
   }
 };
-
-// The alternating kernel's producer warpgroup with fp8 q and cache (`thread` 0..127): each
-// landed raw tile (raw stage tile % 2) is transposed into value tile tile % kFp8ValueTiles
-// (values_full: 128 arrivals) once both warpgroups' O += P V of the tile kFp8ValueTiles before
-// has released it (values_empty). A raw stage is free again when its owner's S and the
-// transposition have read it (raw_empty: 256 arrivals). S needs only the raw tile, so the next
-// tiles' S can start while the value tiles are still held. Thread 0 also issues the loads:
-// after transposing tile t it waits for S of tile t and issues tile t + 2.
-// Measured alternatives (FP8 D1 Hq128, H100, perf log session 9): two value tiles instead of
-// three, 0-8% slower; three raw stages with two value tiles, 5-10% slower; refilling a stage
-// sooner, by thread 0 polling the stages instead of blocking (1.8-1.9x slower) or by the owner
-// warpgroup right after its S (11-16% slower).
-constexpr int kFp8RawStages = 2, kFp8ValueTiles = 3;
-__device__ __forceinline__ void load_and_transpose_value_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
-                                                               const int32_t* table_row, const KeyRange& range,
-                                                               uint8_t* raw_stages, uint8_t* value_tiles,
-                                                               uint64_t* landed, uint64_t* raw_empty,
-                                                               uint64_t* values_full, uint64_t* values_empty,
-                                                               int thread) {
-  static_assert(kFp8RawStages == 2, "tile t + 2 refills tile t's stage");
-  KeyTileLoader<true, kWideRawBlockBytes, kWideRawStageBytes, kWideRawBoxDims> loader(cache_map, args, table_row,
-                                                                                     range, raw_stages);
-  const int warp = thread / 32, lane = thread % 32;
-  const ValueTransposer transposer(warp, lane);
-  if (thread == 0) {
-    loader.read_pages(0);
-    loader.issue(0, 0, &landed[0]);
-    if (range.tiles > 1) loader.read_pages(1);
-  }
-  for (int tile = 0; tile < range.tiles; ++tile) {
-    const int raw_stage = tile % kFp8RawStages, value_stage = tile % kFp8ValueTiles;
-    mbarrier_wait(&landed[raw_stage], (tile / kFp8RawStages) % 2);
-    // Tile 1 only once tile 0 has landed (see produce_key_tiles).
-    if (thread == 0 && tile == 0 && range.tiles > 1) {
-      loader.issue(1, 1, &landed[1]);
-      if (range.tiles > 2) loader.read_pages(2);
-    }
-    if (tile >= kFp8ValueTiles) mbarrier_wait(&values_empty[value_stage], (tile / kFp8ValueTiles - 1) % 2);
-    __syncwarp();  // ldmatrix / stmatrix: whole warps
-    transposer.run(raw_stages + raw_stage * kWideRawStageBytes, value_tiles + value_stage * kValueTileBytes,
-                   range.length - (range.begin + tile * kTileKeys), warp, lane);
-    fence_shared_for_async_proxy();  // the consumers' wgmma reads the value tile
-    mbarrier_arrive(&values_full[value_stage]);
-    mbarrier_arrive(&raw_empty[raw_stage]);
-    const int next = tile + 2;
-    if (thread == 0 && next < range.tiles) {
-      const int stage = next % kFp8RawStages;
-      mbarrier_wait(&raw_empty[stage], (next / kFp8RawStages - 1) % 2);  // held tile next - 2
-      loader.issue(next, stage, &landed[stage]);
-      if (next + 1 < range.tiles) loader.read_pages(next + 1);
-    }
-  }
-}
 
 }  // namespace openmla::kernels::sm90

@@ -8,8 +8,8 @@
 // [64 lines][64 bytes], 64-byte swizzled, for the narrow kernel, which widens in registers
 // (fp8_fragments.cuh), and as 5 blocks of [64 lines][128 bytes] (one box per 128 dims, 128-byte
 // swizzled: wide_raw_offset) for the alternating kernel, whose producer warpgroup widens them
-// in place with a 16-bit q (the raw tile in the stage's upper 40 KB, widen_key_tile_in_place)
-// or transposes V with fp8 q (fp8_tiles.cuh). Slots past the
+// in place with a 16-bit q (the raw tile in the stage's upper 40 KB, widen_key_tile_in_place);
+// with fp8 q its consumers read them as they land (fp8_tiles.cuh). Slots past the
 // sequence end are zeroed in shared memory before use (unused cache slots may hold NaN, pages
 // past the end are never read), so masked keys multiply finite zeros.
 #pragma once
@@ -43,8 +43,8 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid,
   }
 }
 
-// The alternating kernel's producer warpgroup: it issues the loads and, with an FP8 cache,
-// widens each tile (16-bit q, here) or transposes V (fp8 q, fp8_tiles.cuh).
+// The alternating kernel's producer warpgroup: it issues the loads and, with an FP8 cache and a
+// 16-bit q, widens each tile (here).
 constexpr int kAlternatingProducerThreads = 128;
 
 // The alternating kernel's raw FP8 key tiles: 5 blocks of [64 lines][128 bytes] with the
@@ -299,11 +299,13 @@ struct KeyTileLoader {
 // The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
 // kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile's 64-dim
 // blocks (KeyTileLoader::issue).
-template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1>
+// Loader: the stage layout (KeyTileLoader's parameters; the alternating kernel's wide FP8 raw
+// tiles with fp8 q).
+template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1, class Loader = KeyTileLoader<kFp8Cache>>
 __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
                                                   uint8_t* stages, uint64_t* full, uint64_t* empty) {
-  KeyTileLoader<kFp8Cache> loader(cache_map, args, table_row, range, stages);
+  Loader loader(cache_map, args, table_row, range, stages);
   loader.read_pages(0);
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % kStages;
@@ -424,15 +426,11 @@ constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
 // too): 2 x 128 x 224 + 128 x 56 also fills the 168 x 384 of the launch (240 + 32 hung:
 // register_split_fits).
 constexpr int kFp8ConsumerRegisters = 224, kFp8ProducerRegisters = 56;
-// With fp8 q (e4m3 math) the consumers hold half the P registers and no Q fragments, and the
-// producer's transposition keeps 8 steps of ldmatrix results in flight (fp8_tiles.cuh).
-constexpr int kFp8MathConsumerRegisters = 216, kFp8MathProducerRegisters = 72;
+// (With fp8 q, e4m3 math, the producer only issues loads: the 16-bit split.)
 static_assert(register_split_fits(kAlternatingThreads, kConsumerThreads, kConsumerRegisters, 128,
                                   kProducerRegisters) &&
                   register_split_fits(kAlternatingThreads, kConsumerThreads, kFp8ConsumerRegisters, 128,
-                                      kFp8ProducerRegisters) &&
-                  register_split_fits(kAlternatingThreads, kConsumerThreads, kFp8MathConsumerRegisters, 128,
-                                      kFp8MathProducerRegisters),
+                                      kFp8ProducerRegisters),
               "the consumers' setmaxnreg.inc must be satisfiable");
 
 // The m64k16 A fragment of Q for k step `step` (dims 16 step ..), as wgmma takes A from
@@ -458,36 +456,63 @@ constexpr int kAlternatingStagingBytes = kAlternatingStagedRowOffsets + kRowsPer
 
 // The alternating kernel's epilogue, first part, by each consumer warpgroup (every tile
 // consumed by both, so that the key stages are free for `staging`): it holds O for its 256 value
-// columns (m64n256 accumulators) and, for rows row0 and row0 + 8 of its warp, the running
-// maximum and the row sums over its own keys, which `other_sums` ([row] of the other
-// warpgroup's sums) completes. Writes the LSE and stages the normalised rows (the output or the
-// split's partial) with each row's destination offset; once both warpgroups have, the rows are
-// stored by store_staged_rows. The sums and O may both carry a factor 2^probability_log2_scale
-// (the FP8 path's P scale).
+// columns and, for rows row0 and row0 + 8 of its warp, the running maximum and the row sums over
+// its own keys, which `other_sums` ([row] of the other warpgroup's sums) completes. Writes the
+// LSE and stages the normalised rows (the output or the split's partial) with each row's
+// destination offset; once both warpgroups have, the rows are stored by store_staged_rows. The
+// sums and O may both carry a factor 2^probability_log2_scale (the FP8 path's P scale).
+// O's accumulators: m64n256 (rows as M), or with kTransposed O^T as 4 M tiles of m64n64 (dims as
+// M: fp8_tiles.cuh transposed_value_dim; rows as N), whose rows' normalisers go through
+// `normalizers` ([64] floats of this warpgroup's: the buffer of its published factors, which its
+// threads have all read once they meet at the first barrier).
+template <bool kTransposed>
 __device__ __forceinline__ void stage_alternating_output(const SplitArgs& args, const OutputDestination& destination,
                                                          int batch_index, int first_row, int rows_here, int warpgroup,
                                                          int lane, int row0, const float (&running_max)[2],
                                                          const float (&running_sum)[2], const float* other_sums,
                                                          const float (&output)[128], float probability_log2_scale,
-                                                         uint8_t* staging) {
+                                                         uint8_t* staging, float* normalizers) {
   float* staged = reinterpret_cast<float*>(staging);
   int64_t* row_offsets = reinterpret_cast<int64_t*>(staging + kAlternatingStagedRowOffsets);
+  if constexpr (kTransposed) sync_named(2 + warpgroup, 128);  // all of this warpgroup read its last factors
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
     const float sum = running_sum[half] + other_sums[row];
-    if (row >= rows_here) continue;
-    const bool empty_row = sum == 0.0f;
+    const bool empty_row = sum == 0.0f || row >= rows_here;
     const float normalizer = empty_row ? 0.0f : args.value_scale / sum;
+    if constexpr (kTransposed) normalizers[row] = normalizer;
+    if (row >= rows_here) continue;
     const float lse2 = empty_row ? -INFINITY : running_max[half] + (log2f(sum) - probability_log2_scale);
-    float* staged_row = staged + row * kAlternatingStagedRowFloats + warpgroup * 256 + 2 * (lane % 4);
+    if constexpr (!kTransposed) {
+      float* staged_row = staged + row * kAlternatingStagedRowFloats + warpgroup * 256 + 2 * (lane % 4);
 #pragma unroll
-    for (int i = 2 * half; i < 128; i += 4) {
-      *reinterpret_cast<float2*>(staged_row + 8 * (i / 4)) = make_float2(output[i] * normalizer, output[i + 1] * normalizer);
+      for (int i = 2 * half; i < 128; i += 4) {
+        *reinterpret_cast<float2*>(staged_row + 8 * (i / 4)) = make_float2(output[i] * normalizer, output[i + 1] * normalizer);
+      }
     }
     if (warpgroup == 0 && lane % 4 == 0) {
       store_row_lse(args, destination, batch_index, first_row + row, lse2);
       row_offsets[row] = destination_row_offset(args, destination, batch_index, first_row + row);
+    }
+  }
+  if constexpr (kTransposed) {
+    sync_named(2 + warpgroup, 128);  // this warpgroup's normalizers
+    const int warp = row0 / 16, dim0 = 256 * warpgroup + 16 * warp + 2 * (lane / 4);
+    // Accumulator i of M tile m: dims 2 g + (i / 2) % 2 of the warp's 16 (transposed_value_dim),
+    // row 8 (i / 4) + 2 (lane % 4) + i % 2 (accumulator_column).
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+#pragma unroll
+      for (int i = 0; i < 32; i += 4) {
+#pragma unroll
+        for (int parity = 0; parity < 2; ++parity) {
+          const int row = 8 * (i / 4) + 2 * (lane % 4) + parity;
+          const float normalizer = normalizers[row];
+          *reinterpret_cast<float2*>(staged + row * kAlternatingStagedRowFloats + dim0 + 64 * m) =
+              make_float2(output[32 * m + i + parity] * normalizer, output[32 * m + i + 2 + parity] * normalizer);
+        }
+      }
     }
   }
 }
