@@ -6,9 +6,9 @@
 // 512 dims of the same cache rows). Query rows are the request's Sq tokens x Hq heads folded
 // into M (row m = s * Hq + h), so a 64-row wgmma tile is filled by Hq = 64, Hq = 16 x Sq = 4...
 // Roles: 384 threads = two consumer warpgroups (the math) + one producer warpgroup (setmaxnreg
-// moves its registers to the consumers): one thread issues the TMA loads; with an FP8 cache,
-// the whole warpgroup widens each landed tile in place to fp16 and that thread issues the
-// loads between tiles (key_tiles.cuh load_and_widen_key_tiles).
+// moves its registers to the consumers): one thread issues the TMA loads; with an FP8 cache and
+// a 16-bit q, the whole warpgroup widens each landed tile in place to fp16 and that thread
+// issues the loads between tiles (key_tiles.cuh load_and_widen_key_tiles).
 // Tiling: key tiles of 64 tokens taken in pairs (a, b). Warpgroup 0 owns tile a, warpgroup 1
 // tile b: the owner computes S = Q K^T for its tile (64 x 64, wgmma m64n64k16; Q from shared
 // memory for dims 0..511, from registers for the 64 rope dims), its softmax, and publishes the
@@ -148,6 +148,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     dense_decode_alternating_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
   static_assert(kHalf || !kFp8Cache, "FP8 caches compute in fp16");
   constexpr bool kFp8Math = kAlternatingFp8Math<kFp8Q, kFp8Cache>;
+  constexpr bool kWidens = kFp8Cache && !kFp8Math;  // the producer warpgroup widens FP8 tiles to fp16
   using Layout = AlternatingLayoutOf<kFp8Q, kFp8Cache>;
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
@@ -193,16 +194,15 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     for (int handoff = 0; handoff < kHandoffCount; ++handoff) {
       mbarrier_init(&handoffs[handoff], handoff == kRowsStaged ? kConsumerThreads : 128);
     }
-    if constexpr (kFp8Cache && !kFp8Math) {
+    if constexpr (kWidens) {
       for (int stage = 0; stage < 2; ++stage) mbarrier_init(&full[stage], kAlternatingProducerThreads);
     }
   }
   // With a 16-bit q an FP8 tile lands on `landed`; the widener threads fill the stage and arrive
   // on `full`.
-  init_stage_barriers(kFp8Cache && !kFp8Math ? landed : full, empty, kConsumerThreads, kStages, 1, kKeyParts);
+  init_stage_barriers(kWidens ? landed : full, empty, kConsumerThreads, kStages, 1, kKeyParts);
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads) {  // the producer warpgroup
-    constexpr bool kWidens = kFp8Cache && !kFp8Math;
     set_register_count<(kWidens ? kFp8ProducerRegisters : kProducerRegisters), false>();
     const int producer_thread = threadIdx.x - kConsumerThreads;
     if constexpr (kWidens) {
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     }
     return;
   }
-  set_register_count<(kFp8Cache && !kFp8Math ? kFp8ConsumerRegisters : kConsumerRegisters), true>();
+  set_register_count<(kWidens ? kFp8ConsumerRegisters : kConsumerRegisters), true>();
 
   float logit_scale = args.logit_scale_log2;
   if constexpr (kFp8Math) {
