@@ -42,8 +42,9 @@
 // 128-dim boxes, key_tiles.cuh wide_raw_offset), each released once both warpgroups have their
 // V fragments (the owner's S is done before): 206 KB.
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
-// guards that keep a row without keys at output 0 and LSE -inf; with 16-bit P the reference
-// moves (and the output is rescaled) only when a tile's maximum passes it by more than 2^8.
+// guards that keep a row without keys at output 0 and LSE -inf; the reference moves (and the
+// output is rescaled) only when a tile's maximum passes it by more than 2^8 (16-bit P) or 2^0.75
+// (e4m3 P).
 // FP8 caches with 16-bit q compute in fp16 (e4m3 widens exactly; bf16 q is scaled by a power of
 // two into fp16 range).
 // Epilogue: one split writes the 16-bit output and LSE directly; several splits write fp32
@@ -71,11 +72,12 @@ constexpr float kReferenceSlackLog2 = 8.0f;
 // e4m3 P (fp8 q and cache) is stored as 2^8 p: with p <= 2^0.75 it stays under e4m3's largest
 // value, 448 (2^8.75 = 430.5), so the reference may lag the maximum by 0.75.
 constexpr float kE4m3ReferenceSlackLog2 = 0.75f;
-static_assert(256.0f * 1.6818f < 448.0f, "2^(8 + kE4m3ReferenceSlackLog2) <= 448");
+static_assert(kProbabilityLog2Scale + kE4m3ReferenceSlackLog2 < 8.807f, "2^(scale + slack) < 448 = 2^8.807");
 
 // Handoffs between the warpgroups: mbarriers that all 128 threads of the signalling warpgroup
 // arrive on (release) and the other waits on (acquire), one phase per pair; the waiter passes
-// the phase number (the pair whose signal it needs).
+// the phase number (the pair whose signal it needs). With fp8 q (O^T) the owner's own threads
+// read every row of their P and factors too, so both warpgroups arrive on kConsumedA / B (256).
 constexpr int kPublishedA = 0, kPublishedB = 1, kConsumedA = 2, kConsumedB = 3;
 constexpr int kSumsOf0 = 4, kSumsOf1 = 5;  // a warpgroup's row sums are in shared memory (once)
 constexpr int kRowsStaged = 6;              // both warpgroups' output rows (once; 256 arrivals)
@@ -162,10 +164,12 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   };
   // The stages (kFp8Math: the raw stages) are released per tile on `empty`.
   constexpr int kStages = kFp8Math ? kFp8RawStages : 2;
-  constexpr int kKeyParts = kFp8Cache ? 1 : kAlternatingKeyParts;  // FP8: the wideners fill `full`
+  // `full`: the TMA's bytes, or with a 16-bit q and an FP8 cache the wideners' arrivals.
+  constexpr int kKeyParts = kFp8Cache ? 1 : kAlternatingKeyParts;
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);  // [stage][part]
   uint64_t* empty = full + kStages * kKeyParts;
-  uint64_t* landed = empty + kStages;  // FP8 cache, 16-bit q: the raw tile is in the stage (TMA bytes)
+  // kWidens: the raw tile is in the stage (TMA bytes), before the wideners fill it.
+  uint64_t* landed = kWidens ? empty + kStages : nullptr;
   uint64_t* handoffs = reinterpret_cast<uint64_t*>(shared + Layout::kHandoffs);
   // Whole warps signal (see ConsumerBarrier in narrow_kernel.cuh: no lane of a warp waits
   // while another lane of it has yet to arrive).
@@ -192,7 +196,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int handoff = 0; handoff < kHandoffCount; ++handoff) {
-      mbarrier_init(&handoffs[handoff], handoff == kRowsStaged ? kConsumerThreads : 128);
+      const bool both = handoff == kRowsStaged || (kFp8Math && (handoff == kConsumedA || handoff == kConsumedB));
+      mbarrier_init(&handoffs[handoff], both ? kConsumerThreads : 128);
     }
     if constexpr (kWidens) {
       for (int stage = 0; stage < 2; ++stage) mbarrier_init(&full[stage], kAlternatingProducerThreads);
@@ -246,8 +251,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   float output[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) output[i] = 0.0f;
-  // The softmax's reference: the maximum over every tile so far, or with 16-bit P up to
-  // kReferenceSlackLog2 below it (own_softmax).
+  // The softmax's reference: the maximum over every tile so far, or up to the slack below it
+  // (own_softmax).
   float running_max[2] = {-INFINITY, -INFINITY};
   float running_sum[2] = {0.0f, 0.0f};            // over this warpgroup's own tiles
 
@@ -255,10 +260,10 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   const int pairs = (range.tiles + 1) / 2;
   const int value_block = 4 * warpgroup;  // first of this warpgroup's 4 blocks of 64 value columns
 
-  // S = Q K^T for tile `tile` (stage tile % 2), masked (unscaled); returns in tile_max, scaled
-  // (base 2), the row maxima with an FP8 cache, else this thread's maxima over its 16 keys of
-  // each of its rows (own_softmax takes the row's only if it needs it). Zeroes the slots past
-  // the sequence end after S.
+  // S = Q K^T for tile `tile` (stage tile % kStages), masked (unscaled); returns in tile_max,
+  // scaled (base 2), the row maxima with an FP8 cache, else this thread's maxima over its 16 keys
+  // of each of its rows (own_softmax takes the row's only if it needs it). The 16-bit stages'
+  // slots past the sequence end are zeroed after S (kFp8Math masks them in the V^T fragments).
   float scores[32];
   auto tile_scores = [&](int tile, float (&tile_max)[2]) {
     const int first_key = range.begin + tile * kTileKeys;
@@ -350,12 +355,13 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   // Softmax of the own tile against the running maximum: P in registers (wgmma A fragments:
   // k step s is accumulators 8 s .. 8 s + 7).
   uint32_t probabilities[kTileKeys / (kFp8Math ? 32 : 16)][4];
+  bool own_rows_moved = false;  // kFp8Math: a factor of this thread's rows moved (see publish)
   auto own_softmax = [&](float (&tile_max)[2], float (&factor)[2]) {
     // Lazy reference: it moves only when the tile's row maximum passes it by more than the slack
-    // (kReferenceSlackLog2), so most tiles leave factor 1 and both warpgroups skip the rescale of
+    // (kReferenceSlackLog2, kE4m3ReferenceSlackLog2), so most tiles leave factor 1 and both warpgroups skip the rescale of
     // their 128 output accumulators, which sits on the pair's chain (adopt, then O += P V).
     // A 16-bit p <= 2^8 keeps its relative precision and the fp32 sums have range to spare;
-    // e4m3 P, already stored as 2^8 p (max 448), has 0.8 bits of headroom (kE4m3ReferenceSlackLog2).
+    // e4m3 P, already stored as 2^8 p (max 448), has 0.807 bits of headroom: slack 0.75.
     // 16-bit caches: a row's maximum over its quad takes two shuffle rounds, and shuffles queue
     // behind the other warpgroup's S, whose operands stream through shared memory (softmax a:
     // ~460 cycles a pair, ncu, perf log session 18). A reference can move only where some
@@ -364,8 +370,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     constexpr float kSlack = kFp8Math ? kE4m3ReferenceSlackLog2 : kReferenceSlackLog2;
     float new_max[2] = {running_max[0], running_max[1]};
     if constexpr (kFp8Cache) {  // tile_max holds the row maxima (tile_scores)
-      // (With slack 0 this is fmaxf but for a NaN running maximum, which never occurs: a NaN
-      // tile maximum compares false and leaves the reference, as fmaxf does.)
+      // (A NaN tile maximum compares false and leaves the reference, as fmaxf would.)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         if (tile_max[half] > running_max[half] + kSlack) new_max[half] = tile_max[half];
@@ -383,10 +388,13 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       }
     }
     float reference[2];
+    own_rows_moved = false;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       reference[half] = new_max[half] == -INFINITY ? 0.0f : new_max[half];  // no key yet: exp2 stays 0
       factor[half] = fast_exp2(running_max[half] - reference[half]);
+      // (A row without keys so far has no output to rescale: its factor 0 needs no flag.)
+      own_rows_moved |= factor[half] != 1.0f && running_max[half] != -INFINITY;
       running_max[half] = new_max[half];
       running_sum[half] *= factor[half];
     }
@@ -443,7 +451,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     }
     bool warp_moved = false;
     if constexpr (kFp8Math) {
-      warp_moved = __any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f);
+      warp_moved = __any_sync(0xffffffffu, own_rows_moved);
       if (lane == 0) moved_flags[4 * warpgroup + warp] = warp_moved;
     }
     fence_shared_for_async_proxy();
@@ -490,8 +498,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     }
   };
   // kFp8Math: the V^T fragments of a tile ([k step][M tile]), loaded once the raw tile is in
-  // (load_value_fragments) and kept until its O^T product is done; one tile's at a time (two
-  // spilled).
+  // (load_value_fragments) and kept until its O^T product is done; one tile's at a time (the
+  // fragments of tiles a and b at once spilled registers and were no faster: perf log session 22).
   uint32_t value_fragments[2][kOutputTilesPerWarpgroup][4];
   const TransposedValueFragments value_reader(warpgroup, warp, lane);
   auto load_value_fragments = [&](int tile) {
@@ -570,6 +578,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
         value_product(tile_b, false);
         finish_value_product(tile_b);
         if (has_next) signal(kConsumedB);
+        if (kFp8Math && has_next) signal(kConsumedA);  // (finish_value_product(tile_a) above)
       } else {
         finish_value_product(tile_a);
       }
@@ -589,6 +598,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
         rescale_output(factor);
         value_product(tile_b, true);
         finish_value_product(tile_b);
+        if (kFp8Math && has_next) signal(kConsumedB);
       } else {
         finish_value_product(tile_a);
       }

@@ -15,10 +15,10 @@
 // accumulators hold keys 2 t, 2 t + 1, 8 + 2 t, 9 + 2 t (per 16; t = lane % 4), which its m64k32
 // e4m3 fragment columns 4 t .. 4 t + 3 are (value_key_of_column); the softmax stores them as they
 // are (stmatrix), so P in shared memory, and the V^T fragments, take the keys in that order. P is
-// stored as 256 p (p <= 1 after the running maximum is subtracted): e4m3 has 3 mantissa bits from
-// 2^-6 up and subnormals down to 2^-9, and the factor moves probabilities down to 2^-17 out of the
-// flush to zero. The row sums add the unrounded 256 p, so the output's normaliser cancels the
-// factor and the LSE subtracts log2 256.
+// stored as 256 p (p <= 2^0.75 after the lagging reference is subtracted: alternating_kernel.cuh
+// kE4m3ReferenceSlackLog2): e4m3 has 3 mantissa bits from 2^-6 up and subnormals down to 2^-9,
+// and the factor moves probabilities down to 2^-17 out of the flush to zero. The row sums add the
+// unrounded 256 p, so the output's normaliser cancels the factor and the LSE subtracts log2 256.
 #pragma once
 
 #include <cuda_fp8.h>

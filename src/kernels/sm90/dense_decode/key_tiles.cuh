@@ -10,8 +10,9 @@
 // swizzled: wide_raw_offset) for the alternating kernel, whose producer warpgroup widens them
 // in place with a 16-bit q (the raw tile in the stage's upper 40 KB, widen_key_tile_in_place);
 // with fp8 q its consumers read them as they land (fp8_tiles.cuh). Slots past the
-// sequence end are zeroed in shared memory before use (unused cache slots may hold NaN, pages
-// past the end are never read), so masked keys multiply finite zeros.
+// sequence end are zeroed in shared memory before use, or with fp8 q in the V^T fragments
+// (unused cache slots may hold NaN, pages past the end are never read), so masked keys
+// multiply finite zeros.
 #pragma once
 
 #include <cfloat>
@@ -421,10 +422,9 @@ constexpr int kAlternatingThreads = kConsumerThreads + kAlternatingProducerThrea
 // Registers per thread after the role split (setmaxnreg): 2 x 128 x 240 + 128 x 24 = 63 K.
 // The consumers hold 128 fp32 output accumulators each; the producer needs a handful.
 constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
-// With an FP8 cache the producer warpgroup also widens (bf16 q), holding two 64-dim blocks of
-// raw bytes (with 40 registers it spilled, 2-6% slower), or transposes V (fp8 q; 40 spilled
-// too): 2 x 128 x 224 + 128 x 56 also fills the 168 x 384 of the launch (240 + 32 hung:
-// register_split_fits).
+// With an FP8 cache and a 16-bit q the producer warpgroup also widens, holding two 64-dim blocks
+// of raw bytes (with 40 registers it spilled, 2-6% slower): 2 x 128 x 224 + 128 x 56 also fills
+// the 168 x 384 of the launch (240 + 32 hung: register_split_fits).
 constexpr int kFp8ConsumerRegisters = 224, kFp8ProducerRegisters = 56;
 // (With fp8 q, e4m3 math, the producer only issues loads: the 16-bit split.)
 static_assert(register_split_fits(kAlternatingThreads, kConsumerThreads, kConsumerRegisters, 128,
