@@ -358,8 +358,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   bool own_rows_moved = false;  // kFp8Math: a factor of this thread's rows moved (see publish)
   auto own_softmax = [&](float (&tile_max)[2], float (&factor)[2]) {
     // Lazy reference: it moves only when the tile's row maximum passes it by more than the slack
-    // (kReferenceSlackLog2, kE4m3ReferenceSlackLog2), so most tiles leave factor 1 and both warpgroups skip the rescale of
-    // their 128 output accumulators, which sits on the pair's chain (adopt, then O += P V).
+    // (kReferenceSlackLog2, kE4m3ReferenceSlackLog2), so most tiles leave factor 1 and both
+    // warpgroups skip the rescale of their 128 output accumulators, which sits on the pair's chain
+    // (adopt, then O += P V).
     // A 16-bit p <= 2^8 keeps its relative precision and the fp32 sums have range to spare;
     // e4m3 P, already stored as 2^8 p (max 448), has 0.807 bits of headroom: slack 0.75.
     // 16-bit caches: a row's maximum over its quad takes two shuffle rounds, and shuffles queue
