@@ -389,13 +389,13 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       }
     }
     float reference[2];
-    own_rows_moved = false;
+    if constexpr (kFp8Math) own_rows_moved = false;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       reference[half] = new_max[half] == -INFINITY ? 0.0f : new_max[half];  // no key yet: exp2 stays 0
       factor[half] = fast_exp2(running_max[half] - reference[half]);
       // (A row without keys so far has no output to rescale: its factor 0 needs no flag.)
-      own_rows_moved |= factor[half] != 1.0f && running_max[half] != -INFINITY;
+      if constexpr (kFp8Math) own_rows_moved |= factor[half] != 1.0f && running_max[half] != -INFINITY;
       running_max[half] = new_max[half];
       running_sum[half] *= factor[half];
     }

@@ -168,12 +168,6 @@ __device__ __forceinline__ void store_matrices_x4(uint8_t* row, const uint32_t (
 constexpr int kFp8RawStages = 4;   // raw tiles in flight (a stage is free once its V fragments are loaded)
 constexpr int kOutputTilesPerWarpgroup = 4;  // O^T's M tiles of 64 dims per warpgroup
 
-// The dim that row `row` (0..63) of M tile `tile` of warpgroup `warpgroup`'s O^T holds: warp w's
-// 16 rows are dims 16 w .. 16 w + 15 of the tile's 64, row g (< 8) dim 2 g, row g + 8 dim 2 g + 1.
-__host__ __device__ constexpr int transposed_value_dim(int warpgroup, int tile, int row) {
-  return 256 * warpgroup + 64 * tile + 16 * (row / 16) + 2 * (row % 8) + (row / 8) % 2;
-}
-
 // A thread's V^T A fragments (m64k32 e4m3: register r holds M row 16 w + g + 8 (r % 2), k
 // columns 16 (r / 2) + 4 q .. + 3, g = lane / 4, q = lane % 4). ldmatrix.trans on the raw tile
 // viewed as 16-bit dim pairs, with lane l addressing key line 32 s + l (matrix j: keys 8 j ..

@@ -454,6 +454,13 @@ constexpr int kAlternatingStagedRowFloats = kLatentDim + 8;
 constexpr int kAlternatingStagedRowOffsets = kRowsPerTile * kAlternatingStagedRowFloats * 4;
 constexpr int kAlternatingStagingBytes = kAlternatingStagedRowOffsets + kRowsPerTile * 8;
 
+// The dim that row `row` (0..63) of M tile `tile` of warpgroup `warpgroup`'s O^T holds (the
+// alternating kernel with fp8 q, fp8_tiles.cuh TransposedValueFragments): warp w's 16 rows are
+// dims 16 w .. 16 w + 15 of the tile's 64, row g (< 8) dim 2 g, row g + 8 dim 2 g + 1.
+__host__ __device__ constexpr int transposed_value_dim(int warpgroup, int tile, int row) {
+  return 256 * warpgroup + 64 * tile + 16 * (row / 16) + 2 * (row % 8) + (row / 8) % 2;
+}
+
 // The alternating kernel's epilogue, first part, by each consumer warpgroup (every tile
 // consumed by both, so that the key stages are free for `staging`): it holds O for its 256 value
 // columns and, for rows row0 and row0 + 8 of its warp, the running maximum and the row sums over
@@ -462,7 +469,7 @@ constexpr int kAlternatingStagingBytes = kAlternatingStagedRowOffsets + kRowsPer
 // destination offset; once both warpgroups have, the rows are stored by store_staged_rows. The
 // sums and O may both carry a factor 2^probability_log2_scale (the FP8 path's P scale).
 // O's accumulators: m64n256 (rows as M), or with kTransposed O^T as 4 M tiles of m64n64 (dims as
-// M: fp8_tiles.cuh transposed_value_dim; rows as N), whose rows' normalisers go through
+// M: transposed_value_dim; rows as N), whose rows' normalisers go through
 // `normalizers` ([64] floats of this warpgroup's: the buffer of its published factors, which its
 // threads have all read once they meet at the first barrier).
 template <bool kTransposed>
@@ -498,18 +505,19 @@ __device__ __forceinline__ void stage_alternating_output(const SplitArgs& args, 
   }
   if constexpr (kTransposed) {
     sync_named(2 + warpgroup, 128);  // this warpgroup's normalizers
-    const int warp = row0 / 16, dim0 = 256 * warpgroup + 16 * warp + 2 * (lane / 4);
-    // Accumulator i of M tile m: dims 2 g + (i / 2) % 2 of the warp's 16 (transposed_value_dim),
-    // row 8 (i / 4) + 2 (lane % 4) + i % 2 (accumulator_column).
+    static_assert(transposed_value_dim(0, 0, 8) == transposed_value_dim(0, 0, 0) + 1, "rows g, g + 8: adjacent dims");
+    // Accumulator i of M tile m: M row row0 + 8 ((i / 2) % 2) (accumulator_row), whose dims are
+    // adjacent, and query row 8 (i / 4) + 2 (lane % 4) + i % 2 (accumulator_column).
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
+      const int dim = transposed_value_dim(warpgroup, m, row0);
 #pragma unroll
       for (int i = 0; i < 32; i += 4) {
 #pragma unroll
         for (int parity = 0; parity < 2; ++parity) {
           const int row = 8 * (i / 4) + 2 * (lane % 4) + parity;
           const float normalizer = normalizers[row];
-          *reinterpret_cast<float2*>(staged + row * kAlternatingStagedRowFloats + dim0 + 64 * m) =
+          *reinterpret_cast<float2*>(staged + row * kAlternatingStagedRowFloats + dim) =
               make_float2(output[32 * m + i + parity] * normalizer, output[32 * m + i + 2 + parity] * normalizer);
         }
       }
