@@ -114,14 +114,16 @@ __device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int threa
   }
 }
 
-// How a kernel gets a 16-bit q into its 16-bit math type (an fp8 q takes the e4m3 paths:
-// fp8_tiles.cuh load_e4m3_query_rows).
+// How a kernel gets q into its 16-bit math type (the narrow kernel's S^T takes an fp8 q as it
+// is: fp8_tiles.cuh load_e4m3_query_rows).
 enum class QueryLoad {
   kCopy,        // q already has the math type (bf16 with a bf16 cache, fp16 with fp16)
   kBf16ToHalf,  // bf16 q, fp8 cache (math in fp16): q * 2^-s with s from the tile's amax
+  kE4m3ToHalf,  // fp8 q, fp8 cache (math in fp16): exact; the descale is in the logit scale
 };
-template <bool kHalf, bool kFp8Cache>
+template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 constexpr QueryLoad query_load() {
+  if (kFp8Q) return QueryLoad::kE4m3ToHalf;
   return kHalf && kFp8Cache ? QueryLoad::kBf16ToHalf : QueryLoad::kCopy;
 }
 
@@ -189,6 +191,14 @@ __device__ __forceinline__ float load_query_tile(const SplitArgs& args, int batc
       }
       *reinterpret_cast<uint4*>(destination(j)) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
+  } else if constexpr (kMode == QueryLoad::kE4m3ToHalf) {
+    uint2 bytes[kUnitsPerThread];
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) {
+      bytes[j] = offsets[j] >= 0 ? *reinterpret_cast<const uint2*>(args.q + offsets[j]) : make_uint2(0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kUnitsPerThread; ++j) *reinterpret_cast<uint4*>(destination(j)) = widen_fp8x8<true>(bytes[j]);
   } else {
 #pragma unroll
     for (int j = 0; j < kUnitsPerThread; ++j) {
