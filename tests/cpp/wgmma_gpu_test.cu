@@ -110,51 +110,6 @@ void expect_product(const std::vector<float>& actual, const std::vector<uint16_t
   }
 }
 
-// The e4m3 path (dense_decode/fp8_tiles.cuh) moves P from the S accumulators into the m64k32
-// A fragment without shuffles, which permutes the keys along k: byte b of register r of k step
-// s holds fragment column 32 s + 16 (r / 2) + 4 (lane % 4) + b (the PTX fragment layout). The
-// V^T fragments' columns must hold the same keys, or O^T = V^T P^T pairs probabilities with other
-// keys' values (CPU only: the mapping is arithmetic).
-TEST(WgmmaLayout, Fp8ProbabilityColumnsHoldTheirAccumulatorsKeys) {
-  std::vector<int> seen(64, 0);
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int step = 0; step < 2; ++step) {
-      for (int r = 0; r < 4; ++r) {
-        for (int byte = 0; byte < 4; ++byte) {
-          const int column = 32 * step + 16 * (r / 2) + 4 * (lane % 4) + byte;
-          const int i = kernels::sm90::probability_accumulator(step, r, byte);
-          EXPECT_EQ(accumulator_row(0, lane, i), lane / 4 + 8 * (r % 2)) << "lane " << lane << ", i " << i;
-          EXPECT_EQ(kernels::sm90::value_key_of_column(column), accumulator_column(lane, i))
-              << "lane " << lane << ", step " << step << ", register " << r << ", byte " << byte;
-          if (lane < 4 && r % 2 == 0) ++seen[kernels::sm90::value_key_of_column(column)];
-        }
-      }
-    }
-  }
-  for (int key = 0; key < 64; ++key) EXPECT_EQ(seen[key], 1) << "key " << key << " (a permutation)";
-}
-
-// The fp8-qkv O^T: each consumer warpgroup's 4 M tiles of 64 rows hold its 256 value dims, each
-// once, and accumulator rows g and g + 8 of a warp's 16 are the dims 2 g and 2 g + 1 that the two
-// byte permutes of an ldmatrix.trans pair give (TransposedValueFragments), which the epilogue
-// stages as (dim 2 g, dim 2 g + 1) pairs.
-TEST(WgmmaLayout, Fp8TransposedOutputRowsCoverTheValueDims) {
-  std::vector<int> seen(512, 0);
-  for (int warpgroup = 0; warpgroup < 2; ++warpgroup) {
-    for (int tile = 0; tile < kernels::sm90::kOutputTilesPerWarpgroup; ++tile) {
-      for (int row = 0; row < 64; ++row) {
-        const int dim = kernels::sm90::transposed_value_dim(warpgroup, tile, row);
-        ASSERT_GE(dim, 256 * warpgroup);
-        ASSERT_LT(dim, 256 * warpgroup + 256);
-        ++seen[dim];
-        const int warp = row / 16, g = row % 8;
-        EXPECT_EQ(dim, 256 * warpgroup + 64 * tile + 16 * warp + 2 * g + (row % 16) / 8) << "row " << row;
-      }
-    }
-  }
-  for (int dim = 0; dim < 512; ++dim) EXPECT_EQ(seen[dim], 1) << "dim " << dim;
-}
-
 TEST(WgmmaGpu, KMajorOperandsMatchCpuProduct) {
   OPENMLA_REQUIRE_GPU();
   auto rng = make_rng();

@@ -129,6 +129,19 @@ def _check(out, lse, expected_out, expected_lse, q_dtype, base2=False, kv_dtype=
         print(f"LSE error {lse_error:.3e} (1 + |e|)")  # shown with -s
 
 
+def _decode_and_reference(q, cache, block_table, lengths):
+    """Non-causal mla_decode into a poisoned output with a poisoned workspace, and the float32
+    reference: (out, lse, expected_out, expected_lse)."""
+    out = poisoned(q.shape[:3] + (512,), torch.bfloat16, device="cuda")
+    workspace = torch.full((openmla.get_mla_decode_workspace_size(q, cache, block_table, lengths),),
+                           0xFF, dtype=torch.uint8, device="cuda")
+    _, lse = openmla.mla_decode(q, cache, block_table, lengths, SOFTMAX_SCALE, q_descale=Q_DESCALE,
+                                kv_scale=KV_SCALE, return_lse=True, workspace=workspace, out=out)
+    torch.cuda.synchronize()
+    expected_out, expected_lse = _reference(q, cache, block_table, lengths, causal=False)
+    return out, lse, expected_out, expected_lse
+
+
 def _lengths(batch, longest, varlen, query_tokens, generator):
     """All `longest`; with varlen random in [0, longest] with the longest, an empty request and
     one shorter than Sq (causal leaves its first tokens nothing) among them."""
@@ -204,15 +217,7 @@ def test_mla_decode_gpu_fp8_cache_large_logits(generator, heads, q_dtype):
     q, cache, block_table, lengths = _decode_inputs(
         [longest] * batch, 1, heads, 64, q_dtype, FP8, generator, query_shift=2.0 * direction,
         key_shift=lambda position: (position >= jump_at).float()[:, None] * 0.5 * direction)
-    out = poisoned((batch, 1, heads, 512), torch.bfloat16, device="cuda")
-    workspace = torch.full((openmla.get_mla_decode_workspace_size(q, cache, block_table, lengths),),
-                           0xFF, dtype=torch.uint8, device="cuda")
-
-    _, lse = openmla.mla_decode(q, cache, block_table, lengths, SOFTMAX_SCALE, q_descale=Q_DESCALE,
-                                kv_scale=KV_SCALE, return_lse=True, workspace=workspace, out=out)
-    torch.cuda.synchronize()
-
-    expected_out, expected_lse = _reference(q, cache, block_table, lengths, causal=False)
+    out, lse, expected_out, expected_lse = _decode_and_reference(q, cache, block_table, lengths)
     assert expected_lse.min().item() > 50, "the jump must dominate every row"
     _check(out, lse, expected_out, expected_lse, q_dtype, kv_dtype=FP8)
 
@@ -238,15 +243,7 @@ def test_mla_decode_gpu_fp8_cache_coherent_values(generator, batch, query_tokens
     q, cache, block_table, lengths = _decode_inputs(
         [longest] * batch, query_tokens, heads, 64, q_dtype, FP8, generator,
         key_shift=lambda position: direction.expand(len(position), -1))
-    out = poisoned((batch, query_tokens, heads, 512), torch.bfloat16, device="cuda")
-    workspace = torch.full((openmla.get_mla_decode_workspace_size(q, cache, block_table, lengths),),
-                           0xFF, dtype=torch.uint8, device="cuda")
-
-    _, lse = openmla.mla_decode(q, cache, block_table, lengths, SOFTMAX_SCALE, q_descale=Q_DESCALE,
-                                kv_scale=KV_SCALE, return_lse=True, workspace=workspace, out=out)
-    torch.cuda.synchronize()
-
-    expected_out, expected_lse = _reference(q, cache, block_table, lengths, causal=False)
+    out, lse, expected_out, expected_lse = _decode_and_reference(q, cache, block_table, lengths)
     _check(out, lse, expected_out, expected_lse, q_dtype, kv_dtype=FP8)
 
 

@@ -2,8 +2,8 @@
 // (16-bit) and 64-byte (e4m3) swizzled layouts, and the m64nNk16 instructions (fp16 or bf16
 // inputs) and m64nNk32 e4m3 instructions (fp32 accumulators) for the decode kernels
 // (dense_decode/alternating_kernel.cuh, narrow_kernel.cuh, fp8_tiles.cuh);
-// tests/cpp/wgmma_gpu_test.cu checks the 16-bit layouts against a CPU product and the e4m3 P
-// fragment's key order, and the dense-decode GPU tests cover the e4m3 products end to end.
+// tests/cpp/wgmma_gpu_test.cu checks the 16-bit layouts against a CPU product, and the
+// dense-decode GPU tests cover the e4m3 products end to end.
 //
 // Layout (both majors): a tile is stored as 8 KB blocks of 64 x 64 16-bit values, 128 bytes per
 // line, with the 16-byte chunk c of line l stored at chunk c ^ (l % 8) (the hardware's 128-byte
@@ -191,14 +191,6 @@ __device__ __forceinline__ void wgmma_64x256x32_fp8_a_registers(float (&d)[128],
                                                                 bool accumulate) {
   OPENMLA_WGMMA_RS("m64n256k32", "e4m3.e4m3", 128, "{%128, %129, %130, %131}", "%132", "%133", "");
 }
-// D (64 x 64) += A (registers: the m64k32 e4m3 fragment, row 16 w + lane / 4 (+ 8 in a[1], a[3]),
-// k 4 (lane % 4) .. + 3 (+ 16 in a[2], a[3])) * B (K-major: P, [row][key]): O^T = V^T P^T for 64
-// value dims (dense_decode/fp8_tiles.cuh TransposedValueFragments).
-__device__ __forceinline__ void wgmma_64x64x32_fp8_a_registers(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
-                                                               bool accumulate) {
-  OPENMLA_WGMMA_RS("m64n64k32", "e4m3.e4m3", 32, "{%32, %33, %34, %35}", "%36", "%37", "");
-}
-
 // Accumulator element i of a thread (warp w of the warpgroup, lane l): row and column of D.
 __host__ __device__ constexpr int accumulator_row(int warp, int lane, int i) {
   return 16 * warp + 8 * ((i / 2) % 2) + lane / 4;

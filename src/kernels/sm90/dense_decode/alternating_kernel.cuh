@@ -6,8 +6,8 @@
 // 512 dims of the same cache rows). Query rows are the request's Sq tokens x Hq heads folded
 // into M (row m = s * Hq + h), so a 64-row wgmma tile is filled by Hq = 64, Hq = 16 x Sq = 4...
 // Roles: 384 threads = two consumer warpgroups (the math) + one producer warpgroup (setmaxnreg
-// moves its registers to the consumers): one thread issues the TMA loads; with an FP8 cache and
-// a 16-bit q, the whole warpgroup widens each landed tile in place to fp16 and that thread
+// moves its registers to the consumers): one thread issues the TMA loads; with an FP8 cache the
+// whole warpgroup widens each landed tile in place to fp16 and that thread
 // issues the loads between tiles (key_tiles.cuh load_and_widen_key_tiles).
 // Tiling: key tiles of 64 tokens taken in pairs (a, b). Warpgroup 0 owns tile a, warpgroup 1
 // tile b: the owner computes S = Q K^T for its tile (64 x 64, wgmma m64n64k16; Q from shared
@@ -33,20 +33,17 @@
 // are in registers), two 72 KB key stages, tile b's P buffer 8 KB, maxima and factors: 226 KB.
 // Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
 // P V of its tile are done; a 16-bit tile lands in three parts (kAlternatingKeyParts), S
-// waiting for each part in turn. An FP8 tile (36 KB, 128-dim boxes) with a 16-bit q lands in its
+// waiting for each part in turn. An FP8 tile (36 KB, 128-dim boxes) lands in its
 // stage's upper 40 KB and is widened exactly to fp16 in place, then the stage is full.
-// fp8 q and cache (kFp8Math, fp8_tiles.cuh): both products on e4m3 wgmma, S (m64n64k32) with Q
-// and the raw tile in shared memory, and the output transposed, O^T += V^T P^T (4 x m64n64k32 per
-// warpgroup and k step), with V^T's fragments built in registers from the raw tile and P^T read
-// as the softmax stored it (both warpgroups read both P buffers). Four raw stages (40 KB:
-// 128-dim boxes, key_tiles.cuh wide_raw_offset), each released once both warpgroups have their
-// V fragments (the owner's S is done before): 206 KB.
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
 // guards that keep a row without keys at output 0 and LSE -inf; the reference moves (and the
-// output is rescaled) only when a tile's maximum passes it by more than 2^8 (16-bit P) or 2^0.75
-// (e4m3 P).
-// FP8 caches with 16-bit q compute in fp16 (e4m3 widens exactly; bf16 q is scaled by a power of
-// two into fp16 range).
+// output is rescaled) only when a tile's maximum passes it by more than 2^8.
+// FP8 caches compute in fp16: e4m3 widens exactly, an fp8 q too, a bf16 q is scaled by a power
+// of two into fp16 range. (Until session 23 an fp8 q with an FP8 cache ran both products on e4m3
+// tensor cores, the output transposed, O^T = V^T P^T: 1.7x faster on D1 Hq128, but the output's
+// accumulation on FP8 tensor cores keeps ~13 bits a step and drifted by 11-41% over long splits
+// of values that share a component: perf log session 23,
+// docs/experiments/2026-11-27-fp8-qkv-e4m3-products.patch.)
 // Epilogue: one split writes the 16-bit output and LSE directly; several splits write fp32
 // partial outputs and base-2 LSEs to the workspace for the combine kernel. The rows are staged
 // in the free key stages first, so that each warp stores whole rows (store_staged_rows; from the
@@ -58,7 +55,6 @@
 
 #include <type_traits>
 
-#include "kernels/sm90/dense_decode/fp8_tiles.cuh"
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
 #include "kernels/sm90/launch_dependencies.cuh"
@@ -69,15 +65,10 @@ constexpr int kRopeSteps = (kHeadDim - kLatentDim) / 16;  // S's k steps over th
 // How far (base 2) a tile's row maximum may pass the softmax's reference before the reference
 // moves (16-bit P: p <= 2^8; see own_softmax).
 constexpr float kReferenceSlackLog2 = 8.0f;
-// e4m3 P (fp8 q and cache) is stored as 2^8 p: with p <= 2^0.75 it stays under e4m3's largest
-// value, 448 (2^8.75 = 430.5), so the reference may lag the maximum by 0.75.
-constexpr float kE4m3ReferenceSlackLog2 = 0.75f;
-static_assert(kProbabilityLog2Scale + kE4m3ReferenceSlackLog2 < 8.807f, "2^(scale + slack) < 448 = 2^8.807");
 
 // Handoffs between the warpgroups: mbarriers that all 128 threads of the signalling warpgroup
 // arrive on (release) and the other waits on (acquire), one phase per pair; the waiter passes
-// the phase number (the pair whose signal it needs). With fp8 q (O^T) the owner's own threads
-// read every row of their P and factors too, so both warpgroups arrive on kConsumedA / B (256).
+// the phase number (the pair whose signal it needs).
 constexpr int kPublishedA = 0, kPublishedB = 1, kConsumedA = 2, kConsumedB = 3;
 constexpr int kSumsOf0 = 4, kSumsOf1 = 5;  // a warpgroup's row sums are in shared memory (once)
 constexpr int kRowsStaged = 6;              // both warpgroups' output rows (once; 256 arrivals)
@@ -109,40 +100,6 @@ static_assert(AlternatingLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared m
 static_assert(AlternatingLayout::kKeys + kAlternatingStagingBytes <= AlternatingLayout::kMaxima,
               "the epilogue's staging fits the key stages (and P_b)");
 
-// With fp8 q and cache (kFp8Math, fp8_tiles.cuh): Q 36 KB, four raw key stages of 40 KB, the P
-// buffers 4 KB each: 206 KB.
-struct AlternatingFp8Layout {
-  static constexpr int kQuery = 0;
-  static constexpr int kKeys = kRawFp8StageBytes;
-  static constexpr int kProbabilitiesA = kKeys + kFp8RawStages * kWideRawStageBytes;
-  static constexpr int kProbabilitiesB = kProbabilitiesA + kRawBlockBytes;
-  static constexpr int kMaxima = kProbabilitiesB + kRawBlockBytes;
-  static constexpr int kFactorA = kMaxima + kRowsPerTile * 4;
-  static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;
-  static constexpr int kSums = kFactorB + kRowsPerTile * 4;
-  static constexpr int kMovedFlags = kSums + 2 * kRowsPerTile * 4;  // [warpgroup][warp] ints
-  // full[kFp8RawStages], empty[kFp8RawStages]
-  static constexpr int kBarriers = kMovedFlags + 2 * 4 * 4;
-  static constexpr int kHandoffs = kBarriers + 2 * kFp8RawStages * 8;
-  static constexpr int kBytes = kHandoffs + kHandoffCount * 8;
-  static constexpr int kLaunchBytes = kBytes + 1024;
-};
-static_assert(AlternatingFp8Layout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
-static_assert(kRawFp8StageBytes % 1024 == 0 && kWideRawStageBytes % 1024 == 0, "swizzle atoms stay aligned");
-static_assert(AlternatingFp8Layout::kKeys + kAlternatingStagingBytes <= AlternatingFp8Layout::kMaxima,
-              "the epilogue's staging fits the raw stages and P buffers");
-
-// fp8 q and cache: both products on e4m3 wgmma (fp8_tiles.cuh); else 16-bit math. The kernel
-// and its launcher (the shared-memory size) take the layout from here.
-// Off since session 23: O^T accumulated on e4m3 tensor cores (~13 bits kept per step) drifted
-// by 11% / 27% / 41% over one split of 8192 / 32768 / 81920 keys whose values share a component
-// (H200); an fp8 q now runs the fp16 path like a bf16 one (exact: e4m3 fits fp16).
-template <bool kFp8Q, bool kFp8Cache>
-constexpr bool kAlternatingFp8Math = false && kFp8Q && kFp8Cache;
-template <bool kFp8Q, bool kFp8Cache>
-using AlternatingLayoutOf =
-    std::conditional_t<kAlternatingFp8Math<kFp8Q, kFp8Cache>, AlternatingFp8Layout, AlternatingLayout>;
-
 // Named barriers (bar.sync ids; 0 is __syncthreads'): 1 both consumer warpgroups
 // (sync_consumers, the Q load), 2 + w consumer warpgroup w alone, kWidenerBarrier the producer
 // warpgroup widening an FP8 tile.
@@ -152,9 +109,9 @@ template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 __global__ void __launch_bounds__(kAlternatingThreads, 1)
     dense_decode_alternating_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
   static_assert(kHalf || !kFp8Cache, "FP8 caches compute in fp16");
-  constexpr bool kFp8Math = kAlternatingFp8Math<kFp8Q, kFp8Cache>;
-  constexpr bool kWidens = kFp8Cache && !kFp8Math;  // the producer warpgroup widens FP8 tiles to fp16
-  using Layout = AlternatingLayoutOf<kFp8Q, kFp8Cache>;
+  static_assert(kFp8Cache || !kFp8Q, "an fp8 q comes with an FP8 cache");
+  constexpr bool kWidens = kFp8Cache;  // the producer warpgroup widens FP8 tiles to fp16
+  using Layout = AlternatingLayout;
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
   uint8_t* query = shared + Layout::kQuery;
@@ -165,9 +122,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   auto probability_buffer = [&](int which) {
     return shared + (which ? Layout::kProbabilitiesB : Layout::kProbabilitiesA);
   };
-  // The stages (kFp8Math: the raw stages) are released per tile on `empty`.
-  constexpr int kStages = kFp8Math ? kFp8RawStages : 2;
-  // `full`: the TMA's bytes, or with a 16-bit q and an FP8 cache the wideners' arrivals.
+  // The stages are released per tile on `empty`.
+  constexpr int kStages = 2;
+  // `full`: the TMA's bytes, or with an FP8 cache the wideners' arrivals.
   constexpr int kKeyParts = kFp8Cache ? 1 : kAlternatingKeyParts;
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);  // [stage][part]
   uint64_t* empty = full + kStages * kKeyParts;
@@ -199,14 +156,13 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int handoff = 0; handoff < kHandoffCount; ++handoff) {
-      const bool both = handoff == kRowsStaged || (kFp8Math && (handoff == kConsumedA || handoff == kConsumedB));
-      mbarrier_init(&handoffs[handoff], both ? kConsumerThreads : 128);
+      mbarrier_init(&handoffs[handoff], handoff == kRowsStaged ? kConsumerThreads : 128);
     }
     if constexpr (kWidens) {
       for (int stage = 0; stage < 2; ++stage) mbarrier_init(&full[stage], kAlternatingProducerThreads);
     }
   }
-  // With a 16-bit q an FP8 tile lands on `landed`; the widener threads fill the stage and arrive
+  // An FP8 tile lands on `landed`; the widener threads fill the stage and arrive
   // on `full`.
   init_stage_barriers(kWidens ? landed : full, empty, kConsumerThreads, kStages, 1, kKeyParts);
   __syncthreads();
@@ -217,36 +173,24 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       load_and_widen_key_tiles<kHalf>(&cache_map, args, table_row, range, stages, landed, full, empty,
                                       producer_thread, kWidenerBarrier);
     } else if (producer_thread == 0) {
-      if constexpr (kFp8Math) {
-        produce_key_tiles<true, kFp8RawStages, 1, 1,
-                          KeyTileLoader<true, kWideRawBlockBytes, kWideRawStageBytes, kWideRawBoxDims>>(
-            &cache_map, args, table_row, range, stages, full, empty);
-      } else {
-        produce_key_tiles<false, 2, 1, kKeyParts>(&cache_map, args, table_row, range, stages, full, empty);
-      }
+      produce_key_tiles<false, 2, 1, kKeyParts>(&cache_map, args, table_row, range, stages, full, empty);
     }
     return;
   }
   set_register_count<(kWidens ? kFp8ConsumerRegisters : kConsumerRegisters), true>();
 
-  float logit_scale = args.logit_scale_log2;
-  if constexpr (kFp8Math) {
-    load_e4m3_query_rows<kRowsPerTile, kConsumerThreads, false>(args, batch_index, first_row, rows_here, query, nullptr, 1);
-  } else {
-    logit_scale *= load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kRowsPerTile, kConsumerThreads>(
-        args, batch_index, first_row, rows_here, query, 1);
-  }
+  const float logit_scale =
+      args.logit_scale_log2 * load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kRowsPerTile, kConsumerThreads>(
+                                  args, batch_index, first_row, rows_here, query, 1);
   const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int thread_in_warpgroup = threadIdx.x % 128;
   const int row0 = 16 * warp + lane / 4;  // this thread's accumulator rows: row0, row0 + 8
   uint32_t rope_query[kRopeSteps][4];
-  if constexpr (!kFp8Math) {
 #pragma unroll
-    for (int step = 0; step < kRopeSteps; ++step) {
-      query_fragment(query, kLatentDim / 16 + step, warp, lane, rope_query[step]);
-    }
-    sync_consumers();  // the rope block is read: it becomes tile a's P buffer
+  for (int step = 0; step < kRopeSteps; ++step) {
+    query_fragment(query, kLatentDim / 16 + step, warp, lane, rope_query[step]);
   }
+  sync_consumers();  // the rope block is read: it becomes tile a's P buffer
 
   int visible[2];
 #pragma unroll
@@ -263,70 +207,54 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   const int pairs = (range.tiles + 1) / 2;
   const int value_block = 4 * warpgroup;  // first of this warpgroup's 4 blocks of 64 value columns
 
-  // S = Q K^T for tile `tile` (stage tile % kStages), masked (unscaled); returns in tile_max,
-  // scaled (base 2), the row maxima with an FP8 cache, else this thread's maxima over its 16 keys
-  // of each of its rows (own_softmax takes the row's only if it needs it). The 16-bit stages'
-  // slots past the sequence end are zeroed after S (kFp8Math masks them in the V^T fragments).
+  // S = Q K^T for tile `tile` (stage tile % 2), masked (unscaled); returns in tile_max, scaled
+  // (base 2), the row maxima with an FP8 cache, else this thread's maxima over its 16 keys of
+  // each of its rows (own_softmax takes the row's only if it needs it). The stages' slots past
+  // the sequence end are zeroed after S.
   float scores[32];
   auto tile_scores = [&](int tile, float (&tile_max)[2]) {
     const int first_key = range.begin + tile * kTileKeys;
-    if constexpr (kFp8Math) {  // the raw tile as it landed; past-the-end keys are masked below
-      uint8_t* keys = stages + (tile % kFp8RawStages) * kWideRawStageBytes;
-      mbarrier_wait(&full[tile % kFp8RawStages], (tile / kFp8RawStages) % 2);
-      const uint64_t fp8_query_descriptor = make_descriptor_64b(query, 512);
-      const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);  // 128-byte swizzle (wide_raw_offset)
-      wgmma_fence();
+    const int valid = range.length - first_key;
+    uint8_t* keys = stages + (tile % 2) * kTileBlockBytes;
+    constexpr int kStepsPerPart = 4 * kDimBlocks / kKeyParts;  // k steps of 16 dims
+    auto wait_for_part = [&](int part) { mbarrier_wait(&full[(tile % 2) * kKeyParts + part], (tile / 2) % 2); };
+    wait_for_part(0);
+    // The descriptors are opaque per tile, so that the compiler computes them next to their
+    // wgmmas instead of hoisting them out of the loop. Together with the zeroing after S
+    // (below) this made the FP8-cache kernel 2-8% faster on an H100 (D2 Hq64, D3, D1 Hq128;
+    // bf16 within noise; perf log session 17).
+    uint64_t key_descriptor = make_descriptor(keys, 16, 1024), q_descriptor = query_descriptor;
+    asm volatile("" : "+l"(key_descriptor), "+l"(q_descriptor));
+    wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kHeadDim / 32; ++k) {
-        wgmma_64x64x32_fp8(scores, advance_descriptor(fp8_query_descriptor, (k / 2) * kRawBlockBytes + (k % 2) * 32),
-                           advance_descriptor(key_descriptor, (k / 4) * kWideRawBlockBytes + (k % 4) * 32), k > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_accumulators(scores);
-    } else {
-      const int valid = range.length - first_key;
-      uint8_t* keys = stages + (tile % 2) * kTileBlockBytes;
-      constexpr int kStepsPerPart = 4 * kDimBlocks / kKeyParts;  // k steps of 16 dims
-      auto wait_for_part = [&](int part) { mbarrier_wait(&full[(tile % 2) * kKeyParts + part], (tile / 2) % 2); };
-      wait_for_part(0);
-      // The descriptors are opaque per tile, so that the compiler computes them next to their
-      // wgmmas instead of hoisting them out of the loop. Together with the zeroing after S
-      // (below) this made the FP8-cache kernel 2-8% faster on an H100 (D2 Hq64, D3, D1 Hq128;
-      // bf16 within noise; perf log session 17).
-      uint64_t key_descriptor = make_descriptor(keys, 16, 1024), q_descriptor = query_descriptor;
-      asm volatile("" : "+l"(key_descriptor), "+l"(q_descriptor));
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kLatentDim / 16; ++k) {
-        if (k > 0 && k % kStepsPerPart == 0) {  // the fence after the wait keeps ptxas from
-          wait_for_part(k / kStepsPerPart);      // serialising every wgmma (C7518)
-          wgmma_fence();
-        }
-        const int offset = (k / 4) * kSwizzleBlockBytes + (k % 4) * 32;
-        wgmma_64x64x16<kHalf>(scores, advance_descriptor(q_descriptor, offset),
-                              advance_descriptor(key_descriptor, offset), k > 0);
-      }
-      if constexpr ((kLatentDim / 64) % (kDimBlocks / kKeyParts) == 0) {  // the rope block starts a part
-        wait_for_part(kKeyParts - 1);
+    for (int k = 0; k < kLatentDim / 16; ++k) {
+      if (k > 0 && k % kStepsPerPart == 0) {  // the fence after the wait keeps ptxas from
+        wait_for_part(k / kStepsPerPart);      // serialising every wgmma (C7518)
         wgmma_fence();
       }
+      const int offset = (k / 4) * kSwizzleBlockBytes + (k % 4) * 32;
+      wgmma_64x64x16<kHalf>(scores, advance_descriptor(q_descriptor, offset),
+                            advance_descriptor(key_descriptor, offset), k > 0);
+    }
+    if constexpr ((kLatentDim / 64) % (kDimBlocks / kKeyParts) == 0) {  // the rope block starts a part
+      wait_for_part(kKeyParts - 1);
+      wgmma_fence();
+    }
 #pragma unroll
-      for (int step = 0; step < kRopeSteps; ++step) {
-        wgmma_64x64x16_a_registers<kHalf>(
-            scores, rope_query[step],
-            advance_descriptor(key_descriptor, (kLatentDim / 64) * kSwizzleBlockBytes + step * 32), true);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_accumulators(scores);
-      // Slots past the sequence end: S's mask drops whatever they hold; O += P V (this
-      // warpgroup's, and the other's after the publish handoff) must read zeros.
-      if (valid < kTileKeys) {
-        zero_key_lines(keys, valid, thread_in_warpgroup, 128);
-        fence_shared_for_async_proxy();
-        sync_named(2 + warpgroup, 128);
-      }
+    for (int step = 0; step < kRopeSteps; ++step) {
+      wgmma_64x64x16_a_registers<kHalf>(
+          scores, rope_query[step],
+          advance_descriptor(key_descriptor, (kLatentDim / 64) * kSwizzleBlockBytes + step * 32), true);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(scores);
+    // Slots past the sequence end: S's mask drops whatever they hold; O += P V (this
+    // warpgroup's, and the other's after the publish handoff) must read zeros.
+    if (valid < kTileKeys) {
+      zero_key_lines(keys, valid, thread_in_warpgroup, 128);
+      fence_shared_for_async_proxy();
+      sync_named(2 + warpgroup, 128);
     }
     // The scores stay unscaled (logit_scale > 0: the maximum commutes with it, and the softmax
     // folds it into one FFMA per score); only a tile that ends past a row's visible keys is
@@ -357,77 +285,54 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 
   // Softmax of the own tile against the running maximum: P in registers (wgmma A fragments:
   // k step s is accumulators 8 s .. 8 s + 7).
-  uint32_t probabilities[kTileKeys / (kFp8Math ? 32 : 16)][4];
-  bool own_rows_moved = false;  // kFp8Math: a factor of this thread's rows moved (see publish)
+  uint32_t probabilities[kTileKeys / 16][4];
   auto own_softmax = [&](float (&tile_max)[2], float (&factor)[2]) {
     // Lazy reference: it moves only when the tile's row maximum passes it by more than the slack
-    // (kReferenceSlackLog2, kE4m3ReferenceSlackLog2), so most tiles leave factor 1 and both
+    // (kReferenceSlackLog2), so most tiles leave factor 1 and both
     // warpgroups skip the rescale of their 128 output accumulators, which sits on the pair's chain
     // (adopt, then O += P V).
-    // A 16-bit p <= 2^8 keeps its relative precision and the fp32 sums have range to spare;
-    // e4m3 P, already stored as 2^8 p (max 448), has 0.807 bits of headroom: slack 0.75.
+    // A 16-bit p <= 2^8 keeps its relative precision and the fp32 sums have range to spare.
     // 16-bit caches: a row's maximum over its quad takes two shuffle rounds, and shuffles queue
     // behind the other warpgroup's S, whose operands stream through shared memory (softmax a:
     // ~460 cycles a pair, ncu, perf log session 18). A reference can move only where some
     // lane's own maximum passes it, so the warp votes first and shuffles only then (the result
     // is the same): bf16 D1 Hq128 3-5% fewer cycles.
-    constexpr float kSlack = kFp8Math ? kE4m3ReferenceSlackLog2 : kReferenceSlackLog2;
     float new_max[2] = {running_max[0], running_max[1]};
     if constexpr (kFp8Cache) {  // tile_max holds the row maxima (tile_scores)
       // (A NaN tile maximum compares false and leaves the reference, as fmaxf would.)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        if (tile_max[half] > running_max[half] + kSlack) new_max[half] = tile_max[half];
+        if (tile_max[half] > running_max[half] + kReferenceSlackLog2) new_max[half] = tile_max[half];
       }
     } else {
       bool passes = false;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) passes |= tile_max[half] > running_max[half] + kSlack;
+      for (int half = 0; half < 2; ++half) passes |= tile_max[half] > running_max[half] + kReferenceSlackLog2;
       if (__any_sync(0xffffffffu, passes)) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           tile_max[half] = max_over_quad(tile_max[half]);
-          if (tile_max[half] > running_max[half] + kSlack) new_max[half] = tile_max[half];
+          if (tile_max[half] > running_max[half] + kReferenceSlackLog2) new_max[half] = tile_max[half];
         }
       }
     }
     float reference[2];
-    if constexpr (kFp8Math) own_rows_moved = false;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       reference[half] = new_max[half] == -INFINITY ? 0.0f : new_max[half];  // no key yet: exp2 stays 0
       factor[half] = fast_exp2(running_max[half] - reference[half]);
-      // (A row without keys so far has no output to rescale: its factor 0 needs no flag.)
-      if constexpr (kFp8Math) own_rows_moved |= factor[half] != 1.0f && running_max[half] != -INFINITY;
       running_max[half] = new_max[half];
       running_sum[half] *= factor[half];
     }
-    if constexpr (kFp8Math) {  // 2^8 p in e4m3 (fp8_tiles.cuh)
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int half = (i / 2) % 2;
-        scores[i] = fast_exp2(fmaf(scores[i], logit_scale, kProbabilityLog2Scale - reference[half]));
-        running_sum[half] += scores[i];
-      }
-      pack_probability_fragments(scores, probabilities);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 32; i += 2) {
-        const int half = (i / 2) % 2;
-        const float first = fast_exp2(fmaf(scores[i], logit_scale, -reference[half]));
-        const float second = fast_exp2(fmaf(scores[i + 1], logit_scale, -reference[half]));
-        running_sum[half] += first + second;
-        probabilities[i / 8][(i % 8) / 2] = pack_two<kHalf>(first, second);
-      }
+    for (int i = 0; i < 32; i += 2) {
+      const int half = (i / 2) % 2;
+      const float first = fast_exp2(fmaf(scores[i], logit_scale, -reference[half]));
+      const float second = fast_exp2(fmaf(scores[i + 1], logit_scale, -reference[half]));
+      running_sum[half] += first + second;
+      probabilities[i / 8][(i % 8) / 2] = pack_two<kHalf>(first, second);
     }
   };
-  // kFp8Math: whether any factor of the tile `columns_of` names (0: a, 1: b) differs from 1; its
-  // owner's warps publish one flag each with P (moved_flags), so that the O^T rescale, whose
-  // accumulator columns are rows of every warp, reads the factors only when they moved.
-  bool columns_moved = false;
-  int columns_of = 0;
-  int* moved_flags = nullptr;
-  if constexpr (kFp8Math) moved_flags = reinterpret_cast<int*>(shared + Layout::kMovedFlags);
   // P, the new maxima and the factor that rescales everything before the own tile, into shared
   // memory for the other warpgroup.
   auto publish = [&](int pair, const float (&factor)[2]) {
@@ -435,15 +340,13 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     uint8_t* buffer = probability_buffer(warpgroup);
     // stmatrix (one instruction per k step instead of 4 stores and their addresses, on the pair's
     // chain): step k's 4 registers are 8 x 8 blocks of 16-bit pairs, rows row0 / row0 + 8 x the
-    // 16-byte chunks 2 k / 2 k + 1 of the row (16-bit P: keys 16 k .. + 7 / + 8 .. + 15; e4m3 P:
-    // keys 32 k .. + 15 / + 16 .. + 31); lane l addresses row l % 16 of the warp's 16 in chunk
-    // 2 k + l / 16.
+    // 16-byte chunks 2 k / 2 k + 1 of the row (keys 16 k .. + 7 / + 8 .. + 15); lane l addresses
+    // row l % 16 of the warp's 16 in chunk 2 k + l / 16.
     const int row = 16 * warp + lane % 16;
 #pragma unroll
-    for (int step = 0; step < kTileKeys / (kFp8Math ? 32 : 16); ++step) {
+    for (int step = 0; step < kTileKeys / 16; ++step) {
       const int chunk = 2 * step + lane / 16;
-      store_matrices_x4(buffer + (kFp8Math ? raw_fp8_offset(row, 16 * chunk) : swizzled_offset(row, 8 * chunk)),
-                        probabilities[step]);
+      store_matrices_x4(buffer + swizzled_offset(row, 8 * chunk), probabilities[step]);
     }
     __syncwarp();  // the quad's reads of the previous maxima come first
     if (lane % 4 == 0) {
@@ -453,17 +356,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
         factors(warpgroup)[row0 + 8 * half] = factor[half];
       }
     }
-    bool warp_moved = false;
-    if constexpr (kFp8Math) {
-      warp_moved = __any_sync(0xffffffffu, own_rows_moved);
-      if (lane == 0) moved_flags[4 * warpgroup + warp] = warp_moved;
-    }
     fence_shared_for_async_proxy();
     signal(warpgroup == 0 ? kPublishedA : kPublishedB);
-    if constexpr (kFp8Math) {  // O^T reads the own P and factors too
-      columns_moved = sync_named_any(2 + warpgroup, 128, warp_moved);
-      columns_of = warpgroup;
-    }
   };
 
   // The other warpgroup's published maxima and factor: rescale the running state to them.
@@ -475,70 +369,16 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       running_max[half] = maxima[row0 + 8 * half];
       running_sum[half] *= factor[half];
     }
-    if constexpr (kFp8Math) {  // in the same round trip
-      const int4 flags = *reinterpret_cast<const int4*>(moved_flags + 4 * owner);
-      columns_moved = (flags.x | flags.y | flags.z | flags.w) != 0;
-      columns_of = owner;
-    }
   };
-  // `factor`: this thread's rows' factors; with O^T (kFp8Math) the rows are its accumulator
-  // columns, whose factors are read from the published buffer when any moved.
   auto rescale_output = [&](const float (&factor)[2]) {
-    if constexpr (kFp8Math) {
-      if (columns_moved) {
-        float column_factor[16];  // accumulator i of each M tile: column_factor[2 ((i % 32) / 4) + i % 2]
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float2 pair = *reinterpret_cast<const float2*>(factors(columns_of) + 8 * j + 2 * (lane % 4));
-          column_factor[2 * j] = pair.x;
-          column_factor[2 * j + 1] = pair.y;
-        }
-#pragma unroll
-        for (int i = 0; i < 128; ++i) output[i] *= column_factor[2 * ((i % 32) / 4) + i % 2];
-      }
-    } else if (factor[0] != 1.0f || factor[1] != 1.0f) {
+    if (factor[0] != 1.0f || factor[1] != 1.0f) {
 #pragma unroll
       for (int i = 0; i < 128; ++i) output[i] *= factor[(i / 2) % 2];
-    }
-  };
-  // kFp8Math: the V^T fragments of a tile ([k step][M tile]), loaded once the raw tile is in
-  // (load_value_fragments) and kept until its O^T product is done; one tile's at a time (the
-  // fragments of tiles a and b at once spilled registers and were no faster: perf log session 22).
-  uint32_t value_fragments[2][kOutputTilesPerWarpgroup][4];
-  const TransposedValueFragments value_reader(warpgroup, warp, lane);
-  auto load_value_fragments = [&](int tile) {
-    if constexpr (kFp8Math) {
-      mbarrier_wait(&full[tile % kFp8RawStages], (tile / kFp8RawStages) % 2);
-      const uint8_t* raw = stages + (tile % kFp8RawStages) * kWideRawStageBytes;
-#pragma unroll
-      for (int step = 0; step < kTileKeys / 32; ++step) value_reader.load(raw, step, value_fragments[step]);
     }
   };
   // O += P V for this warpgroup's value columns over tile `tile`, P from registers or from the
   // other warpgroup's buffer (one wgmma group; the caller waits).
   auto value_product = [&](int tile, bool own) {
-    if constexpr (kFp8Math) {  // O^T += V^T P^T: both P from shared memory
-      const int valid = range.length - (range.begin + tile * kTileKeys);
-#pragma unroll
-      for (int step = 0; step < kTileKeys / 32; ++step) {
-        TransposedValueFragments::arrange(step, valid, lane, value_fragments[step]);
-      }
-      // The fragments are in registers and the owner's S is done: the raw stage is free.
-      mbarrier_arrive(&empty[tile % kFp8RawStages]);
-      const uint64_t probability_descriptor = make_descriptor_64b(probability_buffer(tile % 2), 512);
-      wgmma_fence();
-#pragma unroll
-      for (int step = 0; step < kTileKeys / 32; ++step) {
-#pragma unroll
-        for (int m = 0; m < kOutputTilesPerWarpgroup; ++m) {
-          wgmma_64x64x32_fp8_a_registers(*reinterpret_cast<float(*)[32]>(output + 32 * m),
-                                         value_fragments[step][m],
-                                         advance_descriptor(probability_descriptor, 32 * step), true);
-        }
-      }
-      wgmma_commit();
-      return;
-    }
     const uint64_t value_descriptor = make_descriptor(
         stages + (tile % 2) * kTileBlockBytes + value_block * kSwizzleBlockBytes, kSwizzleBlockBytes, 1024);
     const uint64_t probability_descriptor = make_descriptor(probability_buffer(tile % 2), 16, 1024);
@@ -555,12 +395,11 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     }
     wgmma_commit();
   };
-  // Once per tile per warpgroup. A 16-bit stage is released here (V is read by the product);
-  // kFp8Math's raw stages were released when the fragments were arranged.
+  // Once per tile per warpgroup: the stage is released here (V is read by the product).
   auto finish_value_product = [&](int tile) {
     wgmma_wait<0>();
     fence_accumulators(output);
-    if constexpr (!kFp8Math) mbarrier_arrive(&empty[tile % 2]);
+    mbarrier_arrive(&empty[tile % 2]);
   };
 
   for (int pair = 0; pair < pairs; ++pair) {
@@ -569,7 +408,6 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     float tile_max[2], factor[2];
     if (warpgroup == 0) {
       tile_scores(tile_a, tile_max);
-      load_value_fragments(tile_a);  // (kFp8Math) in flight during the softmax
       own_softmax(tile_max, factor);
       publish(pair, factor);
       rescale_output(factor);
@@ -577,18 +415,15 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       if (has_b) {
         adopt(1, pair, factor);
         finish_value_product(tile_a);
-        load_value_fragments(tile_b);  // in flight during the rescale (one buffer: registers)
         rescale_output(factor);
         value_product(tile_b, false);
         finish_value_product(tile_b);
         if (has_next) signal(kConsumedB);
-        if (kFp8Math && has_next) signal(kConsumedA);  // (finish_value_product(tile_a) above)
       } else {
         finish_value_product(tile_a);
       }
     } else {
       if (has_b) tile_scores(tile_b, tile_max);
-      load_value_fragments(tile_a);
       adopt(0, pair, factor);
       rescale_output(factor);
       value_product(tile_a, false);  // runs while this warpgroup does tile b's softmax
@@ -598,11 +433,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
                                 // before it measured 3-6% slower)
         finish_value_product(tile_a);
         if (has_next) signal(kConsumedA);
-        load_value_fragments(tile_b);
         rescale_output(factor);
         value_product(tile_b, true);
         finish_value_product(tile_b);
-        if (kFp8Math && has_next) signal(kConsumedB);
       } else {
         finish_value_product(tile_a);
       }
@@ -621,10 +454,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   // Both warpgroups are past their last tile (the sums handoff above): the key stages are free.
   const OutputDestination destination = output_destination(args, split);
   uint8_t* staging = shared + Layout::kKeys;
-  // (The factor buffers are free: both warpgroups are past their last rescale.)
-  stage_alternating_output<kFp8Math>(args, destination, batch_index, first_row, rows_here, warpgroup, lane, row0,
-                                     running_max, running_sum, sums + (1 - warpgroup) * kRowsPerTile, output,
-                                     kFp8Math ? kProbabilityLog2Scale : 0.0f, staging, factors(warpgroup));
+  stage_alternating_output(args, destination, batch_index, first_row, rows_here, warpgroup, lane, row0, running_max,
+                           running_sum, sums + (1 - warpgroup) * kRowsPerTile, output, staging);
   // Every row staged, on an mbarrier (racecheck does not count a named barrier across the two
   // warpgroups, bar.sync 1, 256, as ordering their shared-memory accesses: see ConsumerBarrier in
   // narrow_kernel.cuh).

@@ -8,11 +8,10 @@
 // [64 lines][64 bytes], 64-byte swizzled, for the narrow kernel, which widens in registers
 // (fp8_fragments.cuh), and as 5 blocks of [64 lines][128 bytes] (one box per 128 dims, 128-byte
 // swizzled: wide_raw_offset) for the alternating kernel, whose producer warpgroup widens them
-// in place with a 16-bit q (the raw tile in the stage's upper 40 KB, widen_key_tile_in_place);
-// with fp8 q its consumers read them as they land (fp8_tiles.cuh). Slots past the
-// sequence end are zeroed in shared memory before use, or with fp8 q in the V^T fragments
-// (unused cache slots may hold NaN, pages past the end are never read), so masked keys
-// multiply finite zeros.
+// in place (the raw tile in the stage's upper 40 KB, widen_key_tile_in_place; q is loaded in
+// fp16 too, query_load). Slots past the sequence end are zeroed
+// in shared memory before use (unused cache slots may hold NaN, pages past the end are never
+// read), so masked keys multiply finite zeros.
 #pragma once
 
 #include <cfloat>
@@ -44,8 +43,8 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid,
   }
 }
 
-// The alternating kernel's producer warpgroup: it issues the loads and, with an FP8 cache and a
-// 16-bit q, widens each tile (here).
+// The alternating kernel's producer warpgroup: it issues the loads and, with an FP8 cache,
+// widens each tile (here).
 constexpr int kAlternatingProducerThreads = 128;
 
 // The alternating kernel's raw FP8 key tiles: 5 blocks of [64 lines][128 bytes] with the
@@ -238,7 +237,7 @@ __device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, 
 // pages (only pages that hold keys of the sequence: entries past its end may be garbage) and
 // issues one box per kBoxDims dims per page, counted on the barrier `issue` is given. Block b of
 // stage s lands at stages + s * kStageStride + b * kBlockStride (by default packed; the
-// alternating kernel's FP8 tiles with a 16-bit q in the upper 40 KB of a 16-bit stage, see
+// alternating kernel's FP8 tiles in the upper 40 KB of a 16-bit stage, see
 // widen_key_tile_in_place). kBoxDims: 64, or 128 for the alternating kernel's FP8 raw tiles
 // (wide_raw_offset), whose last box reads dims 576..639 past the row's end as zeros.
 template <bool kFp8Cache, int kBlockStride = kTileKeys * (kFp8Cache ? 64 : 128), int kStageStride = kDimBlocks * kBlockStride,
@@ -310,13 +309,11 @@ struct KeyTileLoader {
 // The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
 // kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile's 64-dim
 // blocks (KeyTileLoader::issue).
-// Loader: the stage layout (KeyTileLoader's parameters; the alternating kernel's wide FP8 raw
-// tiles with fp8 q).
-template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1, class Loader = KeyTileLoader<kFp8Cache>>
+template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1>
 __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
                                                   uint8_t* stages, uint64_t* full, uint64_t* empty) {
-  Loader loader(cache_map, args, table_row, range, stages);
+  KeyTileLoader<kFp8Cache> loader(cache_map, args, table_row, range, stages);
   loader.read_pages(0);
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % kStages;
@@ -432,11 +429,10 @@ constexpr int kAlternatingThreads = kConsumerThreads + kAlternatingProducerThrea
 // Registers per thread after the role split (setmaxnreg): 2 x 128 x 240 + 128 x 24 = 63 K.
 // The consumers hold 128 fp32 output accumulators each; the producer needs a handful.
 constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
-// With an FP8 cache and a 16-bit q the producer warpgroup also widens, holding two 64-dim blocks
+// With an FP8 cache the producer warpgroup also widens, holding two 64-dim blocks
 // of raw bytes (with 40 registers it spilled, 2-6% slower): 2 x 128 x 224 + 128 x 56 also fills
 // the 168 x 384 of the launch (240 + 32 hung: register_split_fits).
 constexpr int kFp8ConsumerRegisters = 224, kFp8ProducerRegisters = 56;
-// (With fp8 q, e4m3 math, the producer only issues loads: the 16-bit split.)
 static_assert(register_split_fits(kAlternatingThreads, kConsumerThreads, kConsumerRegisters, 128,
                                   kProducerRegisters) &&
                   register_split_fits(kAlternatingThreads, kConsumerThreads, kFp8ConsumerRegisters, 128,
@@ -464,75 +460,45 @@ constexpr int kAlternatingStagedRowFloats = kLatentDim + 8;
 constexpr int kAlternatingStagedRowOffsets = kRowsPerTile * kAlternatingStagedRowFloats * 4;
 constexpr int kAlternatingStagingBytes = kAlternatingStagedRowOffsets + kRowsPerTile * 8;
 
-// The dim that row `row` (0..63) of M tile `tile` of warpgroup `warpgroup`'s O^T holds (the
-// alternating kernel with fp8 q, fp8_tiles.cuh TransposedValueFragments): warp w's 16 rows are
-// dims 16 w .. 16 w + 15 of the tile's 64, row g (< 8) dim 2 g, row g + 8 dim 2 g + 1.
-__host__ __device__ constexpr int transposed_value_dim(int warpgroup, int tile, int row) {
-  return 256 * warpgroup + 64 * tile + 16 * (row / 16) + 2 * (row % 8) + (row / 8) % 2;
-}
-
 // The alternating kernel's epilogue, first part, by each consumer warpgroup (every tile
 // consumed by both, so that the key stages are free for `staging`): it holds O for its 256 value
-// columns and, for rows row0 and row0 + 8 of its warp, the running maximum and the row sums over
-// its own keys, which `other_sums` ([row] of the other warpgroup's sums) completes. Writes the
-// LSE and stages the normalised rows (the output or the split's partial) with each row's
-// destination offset; once both warpgroups have, the rows are stored by store_staged_rows. The
-// sums and O may both carry a factor 2^probability_log2_scale (the FP8 path's P scale).
-// O's accumulators: m64n256 (rows as M), or with kTransposed O^T as 4 M tiles of m64n64 (dims as
-// M: transposed_value_dim; rows as N), whose rows' normalisers go through
-// `normalizers` ([64] floats of this warpgroup's: the buffer of its published factors, which its
-// threads have all read once they meet at the first barrier).
-template <bool kTransposed>
+// columns (m64n256, rows as M) and, for rows row0 and row0 + 8 of its warp, the running maximum
+// and the row sums over its own keys, which `other_sums` ([row] of the other warpgroup's sums)
+// completes. Writes the LSE and stages the normalised rows (the output or the split's partial)
+// with each row's destination offset; once both warpgroups have, the rows are stored by
+// store_staged_rows.
 __device__ __forceinline__ void stage_alternating_output(const SplitArgs& args, const OutputDestination& destination,
                                                          int batch_index, int first_row, int rows_here, int warpgroup,
                                                          int lane, int row0, const float (&running_max)[2],
                                                          const float (&running_sum)[2], const float* other_sums,
-                                                         const float (&output)[128], float probability_log2_scale,
-                                                         uint8_t* staging, float* normalizers) {
+                                                         const float (&output)[128], uint8_t* staging) {
   float* staged = reinterpret_cast<float*>(staging);
   int64_t* row_offsets = reinterpret_cast<int64_t*>(staging + kAlternatingStagedRowOffsets);
-  if constexpr (kTransposed) sync_named(2 + warpgroup, 128);  // all of this warpgroup read its last factors
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
-    const float sum = running_sum[half] + other_sums[row];
-    const bool empty_row = sum == 0.0f || row >= rows_here;
-    const float normalizer = empty_row ? 0.0f : args.value_scale / sum;
-    if constexpr (kTransposed) normalizers[row] = normalizer;
     if (row >= rows_here) continue;
-    const float lse2 = empty_row ? -INFINITY : running_max[half] + (log2f(sum) - probability_log2_scale);
-    if constexpr (!kTransposed) {
-      float* staged_row = staged + row * kAlternatingStagedRowFloats + warpgroup * 256 + 2 * (lane % 4);
+    const float sum = running_sum[half] + other_sums[row];
+    const bool empty_row = sum == 0.0f;
+    const float normalizer = empty_row ? 0.0f : args.value_scale / sum;
+    const float lse2 = empty_row ? -INFINITY : running_max[half] + log2f(sum);
+    float* staged_row = staged + row * kAlternatingStagedRowFloats + warpgroup * 256 + 2 * (lane % 4);
 #pragma unroll
-      for (int i = 2 * half; i < 128; i += 4) {
-        *reinterpret_cast<float2*>(staged_row + 8 * (i / 4)) = make_float2(output[i] * normalizer, output[i + 1] * normalizer);
-      }
+    for (int i = 2 * half; i < 128; i += 4) {
+      *reinterpret_cast<float2*>(staged_row + 8 * (i / 4)) = make_float2(output[i] * normalizer, output[i + 1] * normalizer);
     }
     if (warpgroup == 0 && lane % 4 == 0) {
       store_row_lse(args, destination, batch_index, first_row + row, lse2);
       row_offsets[row] = destination_row_offset(args, destination, batch_index, first_row + row);
     }
   }
-  if constexpr (kTransposed) {
-    sync_named(2 + warpgroup, 128);  // this warpgroup's normalizers
-    static_assert(transposed_value_dim(0, 0, 8) == transposed_value_dim(0, 0, 0) + 1, "rows g, g + 8: adjacent dims");
-    // Accumulator i of M tile m: M row row0 + 8 ((i / 2) % 2) (accumulator_row), whose dims are
-    // adjacent, and query row 8 (i / 4) + 2 (lane % 4) + i % 2 (accumulator_column).
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const int dim = transposed_value_dim(warpgroup, m, row0);
-#pragma unroll
-      for (int i = 0; i < 32; i += 4) {
-#pragma unroll
-        for (int parity = 0; parity < 2; ++parity) {
-          const int row = 8 * (i / 4) + 2 * (lane % 4) + parity;
-          const float normalizer = normalizers[row];
-          *reinterpret_cast<float2*>(staged + row * kAlternatingStagedRowFloats + dim) =
-              make_float2(output[32 * m + i + parity] * normalizer, output[32 * m + i + 2 + parity] * normalizer);
-        }
-      }
-    }
-  }
+}
+
+// Four 8 x 8 matrices of 16-bit values stored; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void store_matrices_x4(uint8_t* row, const uint32_t (&values)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(shared_address(row)),
+               "r"(values[0]), "r"(values[1]), "r"(values[2]), "r"(values[3])
+               : "memory");
 }
 
 // Row maxima of the m64 accumulator rows (the 4 lanes of a quad hold a row's columns).
