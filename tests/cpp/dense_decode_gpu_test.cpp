@@ -537,8 +537,8 @@ const DecodeCase kCoveringCases[] = {
     {6, 2, 16, 4096, 256, true, true, kFp8, kFp8},
     with({2, 1, 3, 20, 16, true, false, kFp8, kFp8},
          [](DecodeCase& c) { c.lse_base = LseBase::kBase2; }),
-    // > 32 rows with fp8 q: both products on e4m3 wgmma (fp8_tiles.cuh), P rounded to e4m3;
-    // every page size, odd head counts, a balanced ragged plan.
+    // > 32 rows with fp8 q (the 64-row kernel in fp16, q widened exactly): every page size, odd
+    // head counts, a balanced ragged plan.
     {3, 4, 16, 700, 16, true, true, kFp8, kFp8},
     {3, 1, 126, 700, 256, true, false, kFp8, kFp8},
     {66, 1, 128, 1000, 16, true, true, kFp8, kFp8},
