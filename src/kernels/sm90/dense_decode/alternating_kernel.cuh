@@ -162,8 +162,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       for (int stage = 0; stage < 2; ++stage) mbarrier_init(&full[stage], kAlternatingProducerThreads);
     }
   }
-  // An FP8 tile lands on `landed`; the widener threads fill the stage and arrive
-  // on `full`.
+  // An FP8 tile lands on `landed`; the widener threads fill the stage and arrive on `full`.
   init_stage_barriers(kWidens ? landed : full, empty, kConsumerThreads, kStages, 1, kKeyParts);
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads) {  // the producer warpgroup
