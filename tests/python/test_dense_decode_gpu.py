@@ -111,7 +111,7 @@ def _reference(q, kv_cache, block_table, seq_lens, causal):
     return out, lse
 
 
-def _check(out, lse, expected_out, expected_lse, q_dtype, base2=False, kv_dtype=torch.bfloat16):
+def _check(out, lse, expected_out, expected_lse, base2=False, kv_dtype=torch.bfloat16):
     tolerance, lse_tolerance = 1e-2, (3e-3 if kv_dtype == FP8 else 1e-3)
     empty = torch.isneginf(expected_lse)
     assert not empty.all(), "every row is empty: the case tests nothing"
@@ -193,7 +193,7 @@ def test_mla_decode_gpu_matches_float32_reference(generator, batch, query_tokens
 
     assert result is out
     expected_out, expected_lse = _reference(q, cache, block_table, lengths, causal)
-    _check(out, lse, expected_out, expected_lse, q_dtype, base2, kv_dtype)
+    _check(out, lse, expected_out, expected_lse, base2, kv_dtype)
 
 
 @pytest.mark.parametrize("heads,q_dtype", [
@@ -219,7 +219,7 @@ def test_mla_decode_gpu_fp8_cache_large_logits(generator, heads, q_dtype):
         key_shift=lambda position: (position >= jump_at).float()[:, None] * 0.5 * direction)
     out, lse, expected_out, expected_lse = _decode_and_reference(q, cache, block_table, lengths)
     assert expected_lse.min().item() > 50, "the jump must dominate every row"
-    _check(out, lse, expected_out, expected_lse, q_dtype, kv_dtype=FP8)
+    _check(out, lse, expected_out, expected_lse, kv_dtype=FP8)
 
 
 @pytest.mark.parametrize("batch,query_tokens,heads,q_dtype", [
@@ -244,7 +244,7 @@ def test_mla_decode_gpu_fp8_cache_coherent_values(generator, batch, query_tokens
         [longest] * batch, query_tokens, heads, 64, q_dtype, FP8, generator,
         key_shift=lambda position: direction.expand(len(position), -1))
     out, lse, expected_out, expected_lse = _decode_and_reference(q, cache, block_table, lengths)
-    _check(out, lse, expected_out, expected_lse, q_dtype, kv_dtype=FP8)
+    _check(out, lse, expected_out, expected_lse, kv_dtype=FP8)
 
 
 def test_mla_decode_gpu_with_pdl_matches_float32_reference(generator):
@@ -267,7 +267,7 @@ def test_mla_decode_gpu_with_pdl_matches_float32_reference(generator):
     torch.cuda.synchronize()
 
     expected_out, expected_lse = _reference(q, cache, block_table, lengths, causal=True)
-    _check(out, lse, expected_out, expected_lse, torch.bfloat16)
+    _check(out, lse, expected_out, expected_lse)
 
 
 def test_mla_decode_cuda_graph_replay_follows_new_seq_lens(generator):
@@ -311,4 +311,4 @@ def test_mla_decode_cuda_graph_replay_follows_new_seq_lens(generator):
         graph.replay()
         torch.cuda.synchronize()
         expected_out, expected_lse = _reference(q, cache, block_table, seq_lens, causal=True)
-        _check(out, lse, expected_out, expected_lse, torch.bfloat16)
+        _check(out, lse, expected_out, expected_lse)

@@ -184,13 +184,14 @@ OPENMLA_DEFINE_WGMMA_RS(wgmma_64x256x16_a_registers_b_n_major, "m64n256k16", 128
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x16x32_fp8, "m64n16k32", 8, "%8", "%9", "%10")
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x32x32_fp8, "m64n32k32", 16, "%16", "%17", "%18")
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x64x32_fp8, "m64n64k32", 32, "%32", "%33", "%34")
-// D (64 x 256) += A (K-major, or registers: the m64k32 e4m3 fragment below) * B (K-major): the
-// rate micro-benchmark's shapes (bench/micro/wgmma_rate.cu).
+// D (64 x 256) += A (K-major, or an m64k32 e4m3 fragment in registers) * B (K-major): the rate
+// micro-benchmark's shapes (bench/micro/wgmma_rate.cu).
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x256x32_fp8, "m64n256k32", 128, "%128", "%129", "%130")
 __device__ __forceinline__ void wgmma_64x256x32_fp8_a_registers(float (&d)[128], const uint32_t (&a)[4], uint64_t b,
                                                                 bool accumulate) {
   OPENMLA_WGMMA_RS("m64n256k32", "e4m3.e4m3", 128, "{%128, %129, %130, %131}", "%132", "%133", "");
 }
+
 // Accumulator element i of a thread (warp w of the warpgroup, lane l): row and column of D.
 __host__ __device__ constexpr int accumulator_row(int warp, int lane, int i) {
   return 16 * warp + 8 * ((i / 2) % 2) + lane / 4;

@@ -7,8 +7,8 @@
 // into M (row m = s * Hq + h), so a 64-row wgmma tile is filled by Hq = 64, Hq = 16 x Sq = 4...
 // Roles: 384 threads = two consumer warpgroups (the math) + one producer warpgroup (setmaxnreg
 // moves its registers to the consumers): one thread issues the TMA loads; with an FP8 cache the
-// whole warpgroup widens each landed tile in place to fp16 and that thread
-// issues the loads between tiles (key_tiles.cuh load_and_widen_key_tiles).
+// whole warpgroup widens each landed tile in place to fp16 and that thread issues the loads
+// between tiles (key_tiles.cuh load_and_widen_key_tiles).
 // Tiling: key tiles of 64 tokens taken in pairs (a, b). Warpgroup 0 owns tile a, warpgroup 1
 // tile b: the owner computes S = Q K^T for its tile (64 x 64, wgmma m64n64k16; Q from shared
 // memory for dims 0..511, from registers for the 64 rope dims), its softmax, and publishes the
@@ -33,8 +33,8 @@
 // are in registers), two 72 KB key stages, tile b's P buffer 8 KB, maxima and factors: 226 KB.
 // Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
 // P V of its tile are done; a 16-bit tile lands in three parts (kAlternatingKeyParts), S
-// waiting for each part in turn. An FP8 tile (36 KB, 128-dim boxes) lands in its
-// stage's upper 40 KB and is widened exactly to fp16 in place, then the stage is full.
+// waiting for each part in turn. An FP8 tile (36 KB, 128-dim boxes) lands in its stage's upper
+// 40 KB and is widened exactly to fp16 in place, then the stage is full.
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
 // guards that keep a row without keys at output 0 and LSE -inf; the reference moves (and the
 // output is rescaled) only when a tile's maximum passes it by more than 2^8.
@@ -52,8 +52,6 @@
 // Limits: head dim 576 / value dim 512 fixed; rows tiled by 64 (rows past the end are zero
 // queries whose keys are all masked).
 #pragma once
-
-#include <type_traits>
 
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"

@@ -37,9 +37,9 @@ __device__ __forceinline__ void split_into_e4m3x4(const float (&values)[4], uint
 
 // The tile's query rows as the e4m3 operand of the narrow kernel's S^T (kRows = 16 / 32 lines,
 // 2 kRows when split): 9 blocks of [lines][64 bytes], 64-byte swizzled (raw_fp8_offset), by
-// kThreads threads, which then meet at named
-// barrier `barrier`; rows past rows_here are zeros. kThreads / kRows consecutive threads share
-// a row (its loads are contiguous, its maximum a few shuffles).
+// kThreads threads, which then meet at named barrier `barrier`; rows past rows_here are zeros.
+// kThreads / kRows consecutive threads share a row (its loads are contiguous, its maximum a few
+// shuffles).
 // - fp8 q (kSplit false): copied as it is, kRows lines.
 // - bf16 q (kSplit true): 2 kRows lines, line r the high e4m3 parts of row r and line kRows + r
 //   the low ones (split_into_e4m3x4), after scaling the row by 2^-s so that its largest finite

@@ -9,9 +9,9 @@
 // (fp8_fragments.cuh), and as 5 blocks of [64 lines][128 bytes] (one box per 128 dims, 128-byte
 // swizzled: wide_raw_offset) for the alternating kernel, whose producer warpgroup widens them
 // in place (the raw tile in the stage's upper 40 KB, widen_key_tile_in_place; q is loaded in
-// fp16 too, query_load). Slots past the sequence end are zeroed
-// in shared memory before use (unused cache slots may hold NaN, pages past the end are never
-// read), so masked keys multiply finite zeros.
+// fp16 too, query_load). Slots past the sequence end are zeroed in shared memory before use
+// (unused cache slots may hold NaN, pages past the end are never read), so masked keys multiply
+// finite zeros.
 #pragma once
 
 #include <cfloat>

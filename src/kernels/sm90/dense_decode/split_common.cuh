@@ -84,6 +84,7 @@ __device__ __forceinline__ float fast_reciprocal(float x) {
 __device__ __forceinline__ void sync_named(int id, int thread_count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(thread_count) : "memory");
 }
+
 // Two floats as one register of two 16-bit values (round to nearest even).
 template <bool kHalf>
 __device__ __forceinline__ uint32_t pack_two(float first, float second) {
