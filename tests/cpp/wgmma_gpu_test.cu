@@ -110,6 +110,28 @@ void expect_product(const std::vector<float>& actual, const std::vector<uint16_t
   }
 }
 
+// fp8 q and cache, more than 32 rows: the alternating kernel's O^T. Each consumer warpgroup's 4 M
+// tiles of 64 rows hold its 256 value dims, each once, and accumulator rows g and g + 8 of a
+// warp's 16 are the dims 2 g and 2 g + 1 that the byte permute of an ldmatrix.trans result gives
+// (fp8_fragments.cuh WideValueFragments), which the epilogue stages as (dim 2 g, dim 2 g + 1)
+// pairs (CPU only: the mapping is arithmetic; the dense-decode GPU tests check the products).
+TEST(WgmmaLayout, TransposedOutputRowsCoverTheValueDims) {
+  std::vector<int> seen(512, 0);
+  for (int warpgroup = 0; warpgroup < 2; ++warpgroup) {
+    for (int tile = 0; tile < kernels::sm90::kOutputTilesPerWarpgroup; ++tile) {
+      for (int row = 0; row < 64; ++row) {
+        const int dim = kernels::sm90::transposed_value_dim(warpgroup, tile, row);
+        ASSERT_GE(dim, 256 * warpgroup);
+        ASSERT_LT(dim, 256 * warpgroup + 256);
+        ++seen[dim];
+        const int warp = row / 16, g = row % 8;
+        EXPECT_EQ(dim, 256 * warpgroup + 64 * tile + 16 * warp + 2 * g + (row % 16) / 8) << "row " << row;
+      }
+    }
+  }
+  for (int dim = 0; dim < 512; ++dim) EXPECT_EQ(seen[dim], 1) << "dim " << dim;
+}
+
 TEST(WgmmaGpu, KMajorOperandsMatchCpuProduct) {
   OPENMLA_REQUIRE_GPU();
   auto rng = make_rng();

@@ -7,11 +7,11 @@
 # requests and (causal) requests shorter than Sq, outputs poisoned before the call.
 #
 # Tolerances: relative Frobenius on the whole output, 3x that on any one row; LSE
-# |a - e| <= t + t |e|: 1e-2, LSE 1e-3, with an fp8 cache LSE 3e-3 (with <= 32 rows the narrow
-# kernel computes S^T on fp8 tensor cores, a bf16 q as two e4m3 parts, accumulating at ~13 bits
-# per step; a row that sees few keys has its LSE off by its logits' error). An fp8 q is held to
-# the same: no kernel runs P V on fp8 tensor cores (one that did needed 4e-2, and drifted by
-# 11-41% on values that share a component: test_mla_decode_gpu_fp8_cache_coherent_values).
+# |a - e| <= t + t |e|: 1e-2, LSE 1e-3, with an fp8 cache LSE 3e-3 (with <= 32 rows, or with an
+# fp8 q, the kernels compute S on fp8 tensor cores, a bf16 q as two e4m3 parts, accumulating at
+# ~13 bits per step; a row that sees few keys has its LSE off by its logits' error). An fp8 q is
+# held to the same: no kernel runs P V on fp8 tensor cores (one that did needed 4e-2, and drifted
+# by 11-41% on values that share a component: test_mla_decode_gpu_fp8_cache_coherent_values).
 import math
 
 import pytest

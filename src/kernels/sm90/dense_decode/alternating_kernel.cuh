@@ -6,9 +6,9 @@
 // 512 dims of the same cache rows). Query rows are the request's Sq tokens x Hq heads folded
 // into M (row m = s * Hq + h), so a 64-row wgmma tile is filled by Hq = 64, Hq = 16 x Sq = 4...
 // Roles: 384 threads = two consumer warpgroups (the math) + one producer warpgroup (setmaxnreg
-// moves its registers to the consumers): one thread issues the TMA loads; with an FP8 cache the
-// whole warpgroup widens each landed tile in place to fp16 and that thread issues the loads
-// between tiles (key_tiles.cuh load_and_widen_key_tiles).
+// moves its registers to the consumers): one thread issues the TMA loads; with an FP8 cache and
+// a bf16 q the whole warpgroup widens each landed tile in place to fp16 and that thread issues
+// the loads between tiles (key_tiles.cuh load_and_widen_key_tiles).
 // Tiling: key tiles of 64 tokens taken in pairs (a, b). Warpgroup 0 owns tile a, warpgroup 1
 // tile b: the owner computes S = Q K^T for its tile (64 x 64, wgmma m64n64k16; Q from shared
 // memory for dims 0..511, from registers for the 64 rope dims), its softmax, and publishes the
@@ -33,17 +33,23 @@
 // are in registers), two 72 KB key stages, tile b's P buffer 8 KB, maxima and factors: 226 KB.
 // Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
 // P V of its tile are done; a 16-bit tile lands in three parts (kAlternatingKeyParts), S
-// waiting for each part in turn. An FP8 tile (36 KB, 128-dim boxes) lands in its stage's upper
-// 40 KB and is widened exactly to fp16 in place, then the stage is full.
+// waiting for each part in turn. An FP8 tile (36 KB, 128-dim boxes) with a bf16 q lands in its
+// stage's upper 40 KB and is widened exactly to fp16 in place, then the stage is full.
+// fp8 q and cache (kRawKeys): nothing is widened in shared memory. S runs on e4m3 wgmma
+// (m64n64k32) from Q's e4m3 lines and the raw tile as it landed; the output runs transposed in
+// fp16, O^T += V^T P^T (4 M tiles of m64n64k16 per warpgroup and k step), V^T's fragments
+// widened exactly in registers from the raw tile (fp8_fragments.cuh WideValueFragments) and P^T
+// read as the softmax stored it (both warpgroups read both P buffers); four raw stages of 40 KB,
+// each released once both warpgroups have its fragments: 212 KB. H100 cycles against the
+// widening producer: -30% on D1 Hq128, D2 Hq64, D3 (perf log session 24).
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
 // guards that keep a row without keys at output 0 and LSE -inf; the reference moves (and the
 // output is rescaled) only when a tile's maximum passes it by more than 2^8.
-// FP8 caches compute in fp16: e4m3 widens exactly, an fp8 q too, a bf16 q is scaled by a power
-// of two into fp16 range. (Until session 23 an fp8 q with an FP8 cache ran both products on e4m3
-// tensor cores, the output transposed, O^T = V^T P^T: 1.7x faster on D1 Hq128, but the output's
-// accumulation on FP8 tensor cores keeps ~13 bits a step and drifted by 11-41% over long splits
-// of values that share a component: perf log session 23,
-// docs/experiments/2026-11-27-fp8-qkv-e4m3-products.patch.)
+// The output product is always 16-bit with fp32 accumulation: e4m3 widens exactly, a bf16 q is
+// scaled by a power of two into fp16 range. (Until session 23 an fp8 q with an FP8 cache ran O^T
+// on e4m3 tensor cores too, P stored as 2^8 p: the output's accumulation on FP8 tensor cores
+// keeps ~13 bits a step and drifted by 11-41% over long splits of values that share a
+// component: perf log session 23, docs/experiments/2026-11-27-fp8-qkv-e4m3-products.patch.)
 // Epilogue: one split writes the 16-bit output and LSE directly; several splits write fp32
 // partial outputs and base-2 LSEs to the workspace for the combine kernel. The rows are staged
 // in the free key stages first, so that each warp stores whole rows (store_staged_rows; from the
@@ -53,6 +59,9 @@
 // queries whose keys are all masked).
 #pragma once
 
+#include <type_traits>
+
+#include "kernels/sm90/dense_decode/fp8_tiles.cuh"
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
 #include "kernels/sm90/launch_dependencies.cuh"
@@ -98,6 +107,39 @@ static_assert(AlternatingLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared m
 static_assert(AlternatingLayout::kKeys + kAlternatingStagingBytes <= AlternatingLayout::kMaxima,
               "the epilogue's staging fits the key stages (and P_b)");
 
+// fp8 q and cache (kRawKeys): Q in e4m3 36 KB, four raw key stages of 40 KB (128-dim boxes,
+// wide_raw_offset), the P buffers 8 KB each: 212 KB.
+constexpr int kRawKeyStages = 4;  // a stage is free once both warpgroups have its V^T fragments
+struct AlternatingRawKeysLayout {
+  static constexpr int kQuery = 0;
+  static constexpr int kKeys = kRawFp8StageBytes;
+  static constexpr int kProbabilitiesA = kKeys + kRawKeyStages * kWideRawStageBytes;
+  static constexpr int kProbabilitiesB = kProbabilitiesA + kSwizzleBlockBytes;
+  static constexpr int kMaxima = kProbabilitiesB + kSwizzleBlockBytes;
+  static constexpr int kFactorA = kMaxima + kRowsPerTile * 4;
+  static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;
+  static constexpr int kSums = kFactorB + kRowsPerTile * 4;
+  static constexpr int kMovedFlags = kSums + 2 * kRowsPerTile * 4;  // [warpgroup][warp] ints
+  // full[kRawKeyStages], empty[kRawKeyStages]
+  static constexpr int kBarriers = kMovedFlags + 2 * 4 * 4;
+  static constexpr int kHandoffs = kBarriers + 2 * kRawKeyStages * 8;
+  static constexpr int kBytes = kHandoffs + kHandoffCount * 8;
+  static constexpr int kLaunchBytes = kBytes + 1024;
+};
+static_assert(AlternatingRawKeysLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
+static_assert(kRawFp8StageBytes % 1024 == 0 && kWideRawStageBytes % 1024 == 0, "swizzle atoms stay aligned");
+static_assert(AlternatingRawKeysLayout::kKeys + kAlternatingStagingBytes <= AlternatingRawKeysLayout::kMaxima,
+              "the epilogue's staging fits the raw stages and P buffers");
+
+// fp8 q and cache: S on e4m3 wgmma straight from the raw tiles, O^T in fp16 from V^T fragments
+// widened in registers (fp8_fragments.cuh WideValueFragments); else 16-bit math on 16-bit tiles.
+// The kernel and its launcher (the shared-memory size) take the layout from here.
+template <bool kFp8Q, bool kFp8Cache>
+constexpr bool kAlternatingRawKeys = kFp8Q && kFp8Cache;
+template <bool kFp8Q, bool kFp8Cache>
+using AlternatingLayoutOf =
+    std::conditional_t<kAlternatingRawKeys<kFp8Q, kFp8Cache>, AlternatingRawKeysLayout, AlternatingLayout>;
+
 // Named barriers (bar.sync ids; 0 is __syncthreads'): 1 both consumer warpgroups
 // (sync_consumers, the Q load), 2 + w consumer warpgroup w alone, kWidenerBarrier the producer
 // warpgroup widening an FP8 tile.
@@ -108,8 +150,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     dense_decode_alternating_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
   static_assert(kHalf || !kFp8Cache, "FP8 caches compute in fp16");
   static_assert(kFp8Cache || !kFp8Q, "an fp8 q comes with an FP8 cache");
-  constexpr bool kWidens = kFp8Cache;  // the producer warpgroup widens FP8 tiles to fp16
-  using Layout = AlternatingLayout;
+  constexpr bool kRawKeys = kAlternatingRawKeys<kFp8Q, kFp8Cache>;
+  constexpr bool kWidens = kFp8Cache && !kRawKeys;  // the producer warpgroup widens FP8 tiles to fp16
+  using Layout = AlternatingLayoutOf<kFp8Q, kFp8Cache>;
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
   uint8_t* query = shared + Layout::kQuery;
@@ -120,8 +163,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   auto probability_buffer = [&](int which) {
     return shared + (which ? Layout::kProbabilitiesB : Layout::kProbabilitiesA);
   };
-  // The stages are released per tile on `empty`.
-  constexpr int kStages = 2;
+  // The stages are released per tile on `empty` (kRawKeys: once both warpgroups have the tile's
+  // V^T fragments in registers).
+  constexpr int kStages = kRawKeys ? kRawKeyStages : 2;
   // `full`: the TMA's bytes, or with an FP8 cache the wideners' arrivals.
   constexpr int kKeyParts = kFp8Cache ? 1 : kAlternatingKeyParts;
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);  // [stage][part]
@@ -154,7 +198,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int handoff = 0; handoff < kHandoffCount; ++handoff) {
-      mbarrier_init(&handoffs[handoff], handoff == kRowsStaged ? kConsumerThreads : 128);
+      // With O^T (kRawKeys) both warpgroups read both P buffers.
+      const bool both = handoff == kRowsStaged || (kRawKeys && (handoff == kConsumedA || handoff == kConsumedB));
+      mbarrier_init(&handoffs[handoff], both ? kConsumerThreads : 128);
     }
     if constexpr (kWidens) {
       for (int stage = 0; stage < 2; ++stage) mbarrier_init(&full[stage], kAlternatingProducerThreads);
@@ -170,24 +216,36 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       load_and_widen_key_tiles<kHalf>(&cache_map, args, table_row, range, stages, landed, full, empty,
                                       producer_thread, kWidenerBarrier);
     } else if (producer_thread == 0) {
-      produce_key_tiles<false, 2, 1, kKeyParts>(&cache_map, args, table_row, range, stages, full, empty);
+      if constexpr (kRawKeys) {
+        produce_key_tiles<true, kRawKeyStages, 1, 1,
+                          KeyTileLoader<true, kWideRawBlockBytes, kWideRawStageBytes, kWideRawBoxDims>>(
+            &cache_map, args, table_row, range, stages, full, empty);
+      } else {
+        produce_key_tiles<false, 2, 1, kKeyParts>(&cache_map, args, table_row, range, stages, full, empty);
+      }
     }
     return;
   }
   set_register_count<(kWidens ? kFp8ConsumerRegisters : kConsumerRegisters), true>();
 
-  const float logit_scale =
-      args.logit_scale_log2 * load_query_tile<kHalf, query_load<kHalf, kFp8Q, kFp8Cache>(), kRowsPerTile, kConsumerThreads>(
-                                  args, batch_index, first_row, rows_here, query, 1);
+  float logit_scale = args.logit_scale_log2;
+  if constexpr (kRawKeys) {
+    load_e4m3_query_rows<kRowsPerTile, kConsumerThreads, false>(args, batch_index, first_row, rows_here, query, nullptr, 1);
+  } else {
+    logit_scale *= load_query_tile<kHalf, query_load<kHalf, kFp8Cache>(), kRowsPerTile, kConsumerThreads>(
+        args, batch_index, first_row, rows_here, query, 1);
+  }
   const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int thread_in_warpgroup = threadIdx.x % 128;
   const int row0 = 16 * warp + lane / 4;  // this thread's accumulator rows: row0, row0 + 8
   uint32_t rope_query[kRopeSteps][4];
+  if constexpr (!kRawKeys) {
 #pragma unroll
-  for (int step = 0; step < kRopeSteps; ++step) {
-    query_fragment(query, kLatentDim / 16 + step, warp, lane, rope_query[step]);
+    for (int step = 0; step < kRopeSteps; ++step) {
+      query_fragment(query, kLatentDim / 16 + step, warp, lane, rope_query[step]);
+    }
+    sync_consumers();  // the rope block is read: it becomes tile a's P buffer
   }
-  sync_consumers();  // the rope block is read: it becomes tile a's P buffer
 
   int visible[2];
 #pragma unroll
@@ -204,54 +262,88 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   const int pairs = (range.tiles + 1) / 2;
   const int value_block = 4 * warpgroup;  // first of this warpgroup's 4 blocks of 64 value columns
 
-  // S = Q K^T for tile `tile` (stage tile % 2), masked (unscaled); returns in tile_max, scaled
-  // (base 2), the row maxima with an FP8 cache, else this thread's maxima over its 16 keys of
-  // each of its rows (own_softmax takes the row's only if it needs it). The stages' slots past
+  // S = Q K^T for tile `tile` (stage tile % kStages), masked (unscaled); returns in tile_max,
+  // scaled (base 2), the row maxima with an FP8 cache, else this thread's maxima over its 16 keys
+  // of each of its rows (own_softmax takes the row's only if it needs it). The stages' slots past
   // the sequence end are zeroed after S.
   float scores[32];
   auto tile_scores = [&](int tile, float (&tile_max)[2]) {
     const int first_key = range.begin + tile * kTileKeys;
     const int valid = range.length - first_key;
-    uint8_t* keys = stages + (tile % 2) * kTileBlockBytes;
-    constexpr int kStepsPerPart = 4 * kDimBlocks / kKeyParts;  // k steps of 16 dims
-    auto wait_for_part = [&](int part) { mbarrier_wait(&full[(tile % 2) * kKeyParts + part], (tile / 2) % 2); };
-    wait_for_part(0);
-    // The descriptors are opaque per tile, so that the compiler computes them next to their
-    // wgmmas instead of hoisting them out of the loop. Together with the zeroing after S
-    // (below) this made the FP8-cache kernel 2-8% faster on an H100 (D2 Hq64, D3, D1 Hq128;
-    // bf16 within noise; perf log session 17).
-    uint64_t key_descriptor = make_descriptor(keys, 16, 1024), q_descriptor = query_descriptor;
-    asm volatile("" : "+l"(key_descriptor), "+l"(q_descriptor));
-    wgmma_fence();
+    if constexpr (kRawKeys) {
+      // S = Q K^T on e4m3 wgmma (m64n64k32, 18 k steps) straight from the raw tile, in
+      // kScoreSegments segments of steps, each accumulated afresh and added in fp32: e4m3 wgmma
+      // adds each step to its accumulator at reduced precision (~13 bits), and one chain of 18
+      // steps moved the narrow kernel's LSEs by up to 8e-4 (1 + |LSE|).
+      uint8_t* keys = stages + (tile % kRawKeyStages) * kWideRawStageBytes;
+      mbarrier_wait(&full[tile % kRawKeyStages], (tile / kRawKeyStages) % 2);
+      const uint64_t fp8_query_descriptor = make_descriptor_64b(query, 512);
+      const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);  // 128-byte swizzle (wide_raw_offset)
+      constexpr int kScoreSegments = 2, kSegmentSteps = kHeadDim / 32 / kScoreSegments;
+      static_assert(kSegmentSteps * kScoreSegments * 32 == kHeadDim, "whole segments");
+      float later_segment[32];
+      wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kLatentDim / 16; ++k) {
-      if (k > 0 && k % kStepsPerPart == 0) {  // the fence after the wait keeps ptxas from
-        wait_for_part(k / kStepsPerPart);      // serialising every wgmma (C7518)
+      for (int k = 0; k < kHeadDim / 32; ++k) {
+        float(&terms)[32] = k < kSegmentSteps ? scores : later_segment;
+        wgmma_64x64x32_fp8(terms, advance_descriptor(fp8_query_descriptor, (k / 2) * kRawBlockBytes + (k % 2) * 32),
+                           advance_descriptor(key_descriptor, (k / 4) * kWideRawBlockBytes + (k % 4) * 32),
+                           k % kSegmentSteps > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(scores);
+      fence_accumulators(later_segment);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) scores[i] += later_segment[i];
+      // Slots past the sequence end: S's mask drops whatever they hold; the V^T fragments (this
+      // warpgroup's, and the other's after the publish handoff) must read zeros.
+      if (valid < kTileKeys) {
+        zero_wide_raw_value_lines(keys, valid, thread_in_warpgroup, 128);
+        sync_named(2 + warpgroup, 128);
+      }
+    } else {
+      uint8_t* keys = stages + (tile % 2) * kTileBlockBytes;
+      constexpr int kStepsPerPart = 4 * kDimBlocks / kKeyParts;  // k steps of 16 dims
+      auto wait_for_part = [&](int part) { mbarrier_wait(&full[(tile % 2) * kKeyParts + part], (tile / 2) % 2); };
+      wait_for_part(0);
+      // The descriptors are opaque per tile, so that the compiler computes them next to their
+      // wgmmas instead of hoisting them out of the loop. Together with the zeroing after S
+      // (below) this made the FP8-cache kernel 2-8% faster on an H100 (D2 Hq64, D3, D1 Hq128;
+      // bf16 within noise; perf log session 17).
+      uint64_t key_descriptor = make_descriptor(keys, 16, 1024), q_descriptor = query_descriptor;
+      asm volatile("" : "+l"(key_descriptor), "+l"(q_descriptor));
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kLatentDim / 16; ++k) {
+        if (k > 0 && k % kStepsPerPart == 0) {  // the fence after the wait keeps ptxas from
+          wait_for_part(k / kStepsPerPart);      // serialising every wgmma (C7518)
+          wgmma_fence();
+        }
+        const int offset = (k / 4) * kSwizzleBlockBytes + (k % 4) * 32;
+        wgmma_64x64x16<kHalf>(scores, advance_descriptor(q_descriptor, offset),
+                              advance_descriptor(key_descriptor, offset), k > 0);
+      }
+      if constexpr ((kLatentDim / 64) % (kDimBlocks / kKeyParts) == 0) {  // the rope block starts a part
+        wait_for_part(kKeyParts - 1);
         wgmma_fence();
       }
-      const int offset = (k / 4) * kSwizzleBlockBytes + (k % 4) * 32;
-      wgmma_64x64x16<kHalf>(scores, advance_descriptor(q_descriptor, offset),
-                            advance_descriptor(key_descriptor, offset), k > 0);
-    }
-    if constexpr ((kLatentDim / 64) % (kDimBlocks / kKeyParts) == 0) {  // the rope block starts a part
-      wait_for_part(kKeyParts - 1);
-      wgmma_fence();
-    }
 #pragma unroll
-    for (int step = 0; step < kRopeSteps; ++step) {
-      wgmma_64x64x16_a_registers<kHalf>(
-          scores, rope_query[step],
-          advance_descriptor(key_descriptor, (kLatentDim / 64) * kSwizzleBlockBytes + step * 32), true);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(scores);
-    // Slots past the sequence end: S's mask drops whatever they hold; O += P V (this
-    // warpgroup's, and the other's after the publish handoff) must read zeros.
-    if (valid < kTileKeys) {
-      zero_key_lines(keys, valid, thread_in_warpgroup, 128);
-      fence_shared_for_async_proxy();
-      sync_named(2 + warpgroup, 128);
+      for (int step = 0; step < kRopeSteps; ++step) {
+        wgmma_64x64x16_a_registers<kHalf>(
+            scores, rope_query[step],
+            advance_descriptor(key_descriptor, (kLatentDim / 64) * kSwizzleBlockBytes + step * 32), true);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(scores);
+      // Slots past the sequence end: S's mask drops whatever they hold; O += P V (this
+      // warpgroup's, and the other's after the publish handoff) must read zeros.
+      if (valid < kTileKeys) {
+        zero_key_lines(keys, valid, thread_in_warpgroup, 128);
+        fence_shared_for_async_proxy();
+        sync_named(2 + warpgroup, 128);
+      }
     }
     // The scores stay unscaled (logit_scale > 0: the maximum commutes with it, and the softmax
     // folds it into one FFMA per score); only a tile that ends past a row's visible keys is
@@ -283,6 +375,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   // Softmax of the own tile against the running maximum: P in registers (wgmma A fragments:
   // k step s is accumulators 8 s .. 8 s + 7).
   uint32_t probabilities[kTileKeys / 16][4];
+  bool own_rows_moved = false;  // kRawKeys: a factor of this thread's rows moved (see publish)
   auto own_softmax = [&](float (&tile_max)[2], float (&factor)[2]) {
     // Lazy reference: it moves only when the tile's row maximum passes it by more than the slack
     // (kReferenceSlackLog2), so most tiles leave factor 1 and both
@@ -314,10 +407,13 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       }
     }
     float reference[2];
+    if constexpr (kRawKeys) own_rows_moved = false;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       reference[half] = new_max[half] == -INFINITY ? 0.0f : new_max[half];  // no key yet: exp2 stays 0
       factor[half] = fast_exp2(running_max[half] - reference[half]);
+      // (A row without keys so far has no output to rescale: its factor 0 needs no flag.)
+      if constexpr (kRawKeys) own_rows_moved |= factor[half] != 1.0f && running_max[half] != -INFINITY;
       running_max[half] = new_max[half];
       running_sum[half] *= factor[half];
     }
@@ -330,6 +426,13 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       probabilities[i / 8][(i % 8) / 2] = pack_two<kHalf>(first, second);
     }
   };
+  // kRawKeys: whether any factor of the tile `columns_of` names (0: a, 1: b) differs from 1; its
+  // owner's warps publish one flag each with P (moved_flags), so that the O^T rescale, whose
+  // accumulator columns are rows of every warp, reads the factors only when they moved.
+  bool columns_moved = false;
+  int columns_of = 0;
+  int* moved_flags = nullptr;
+  if constexpr (kRawKeys) moved_flags = reinterpret_cast<int*>(shared + Layout::kMovedFlags);
   // P, the new maxima and the factor that rescales everything before the own tile, into shared
   // memory for the other warpgroup.
   auto publish = [&](int pair, const float (&factor)[2]) {
@@ -353,8 +456,17 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
         factors(warpgroup)[row0 + 8 * half] = factor[half];
       }
     }
+    bool warp_moved = false;
+    if constexpr (kRawKeys) {
+      warp_moved = __any_sync(0xffffffffu, own_rows_moved);
+      if (lane == 0) moved_flags[4 * warpgroup + warp] = warp_moved;
+    }
     fence_shared_for_async_proxy();
     signal(warpgroup == 0 ? kPublishedA : kPublishedB);
+    if constexpr (kRawKeys) {  // O^T reads the own P and factors too
+      columns_moved = sync_named_any(2 + warpgroup, 128, warp_moved);
+      columns_of = warpgroup;
+    }
   };
 
   // The other warpgroup's published maxima and factor: rescale the running state to them.
@@ -366,16 +478,73 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       running_max[half] = maxima[row0 + 8 * half];
       running_sum[half] *= factor[half];
     }
+    if constexpr (kRawKeys) {  // in the same round trip
+      const int4 flags = *reinterpret_cast<const int4*>(moved_flags + 4 * owner);
+      columns_moved = (flags.x | flags.y | flags.z | flags.w) != 0;
+      columns_of = owner;
+    }
   };
+  // `factor`: this thread's rows' factors; with O^T (kRawKeys) the rows are its accumulator
+  // columns, whose factors are read from the published buffer when any moved.
   auto rescale_output = [&](const float (&factor)[2]) {
-    if (factor[0] != 1.0f || factor[1] != 1.0f) {
+    if constexpr (kRawKeys) {
+      if (columns_moved) {
+        float column_factor[16];  // accumulator i of each M tile: column_factor[2 ((i % 32) / 4) + i % 2]
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float2 pair = *reinterpret_cast<const float2*>(factors(columns_of) + 8 * j + 2 * (lane % 4));
+          column_factor[2 * j] = pair.x;
+          column_factor[2 * j + 1] = pair.y;
+        }
+#pragma unroll
+        for (int i = 0; i < 128; ++i) output[i] *= column_factor[2 * ((i % 32) / 4) + i % 2];
+      }
+    } else if (factor[0] != 1.0f || factor[1] != 1.0f) {
 #pragma unroll
       for (int i = 0; i < 128; ++i) output[i] *= factor[(i / 2) % 2];
     }
   };
+  // kRawKeys: O^T += V^T P^T for this warpgroup's 256 value dims over tile `tile`: 16 wgmma
+  // m64n64k16 (4 M tiles x 4 k steps) in kValueBatches batches of 2 M tiles x 2 k steps (one
+  // ldmatrix.x4 per M tile, WideValueFragments), both P read from shared memory. Consecutive
+  // batches chain no accumulator; each batch's fragments are widened while the previous one runs
+  // (two buffers: the registers of a batch in flight must stay untouched).
+  constexpr int kValueBatches = 4, kEarlyValueBatches = 2;
+  uint32_t value_fragments[2][4][4];  // [buffer][wgmma of the batch][register]
+  const WideValueFragments value_reader(warpgroup, warp, lane);
+  auto load_value_batch = [&](int tile, int batch) {
+    const uint8_t* raw = stages + (tile % kRawKeyStages) * kWideRawStageBytes;
+    const int half = batch / 2, first_tile = 2 * (batch % 2);
+    uint32_t(&into)[4][4] = value_fragments[batch % 2];
+    value_reader.load(raw, first_tile, half, into[0], into[1]);
+    value_reader.load(raw, first_tile + 1, half, into[2], into[3]);
+  };
+  auto issue_value_batch = [&](int tile, int batch) {
+    const uint64_t probability_descriptor = make_descriptor(probability_buffer(tile % 2), 16, 1024);
+    const int half = batch / 2, first_tile = 2 * (batch % 2);
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      wgmma_64x64x16_a_registers<true>(*reinterpret_cast<float(*)[32]>(output + 32 * (first_tile + j / 2)),
+                                       value_fragments[batch % 2][j],
+                                       advance_descriptor(probability_descriptor, 32 * (2 * half + j % 2)), true);
+    }
+    wgmma_commit();
+  };
   // O += P V for this warpgroup's value columns over tile `tile`, P from registers or from the
-  // other warpgroup's buffer (one wgmma group; the caller waits).
+  // other warpgroup's buffer (one wgmma group; the caller waits). kRawKeys: O^T's first
+  // kEarlyValueBatches batches (the caller finishes the product).
   auto value_product = [&](int tile, bool own) {
+    if constexpr (kRawKeys) {
+      // (The owner waited for the tile in tile_scores; the other warpgroup came through the publish
+      // handoff, and waits too, so that the TMA's bytes are visible to it.)
+      mbarrier_wait(&full[tile % kRawKeyStages], (tile / kRawKeyStages) % 2);
+#pragma unroll
+      for (int batch = 0; batch < kEarlyValueBatches; ++batch) load_value_batch(tile, batch);
+#pragma unroll
+      for (int batch = 0; batch < kEarlyValueBatches; ++batch) issue_value_batch(tile, batch);
+      return;
+    }
     const uint64_t value_descriptor = make_descriptor(
         stages + (tile % 2) * kTileBlockBytes + value_block * kSwizzleBlockBytes, kSwizzleBlockBytes, 1024);
     const uint64_t probability_descriptor = make_descriptor(probability_buffer(tile % 2), 16, 1024);
@@ -392,8 +561,22 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     }
     wgmma_commit();
   };
-  // Once per tile per warpgroup: the stage is released here (V is read by the product).
+  // Once per tile per warpgroup: the stage is released here (V is read by the product; kRawKeys:
+  // once the last fragments are in registers).
   auto finish_value_product = [&](int tile) {
+    if constexpr (kRawKeys) {
+      static_assert(kEarlyValueBatches == 2, "a batch waits for the one two before it (two buffers)");
+#pragma unroll
+      for (int batch = kEarlyValueBatches; batch < kValueBatches; ++batch) {
+        wgmma_wait<1>();
+        load_value_batch(tile, batch);
+        issue_value_batch(tile, batch);
+      }
+      mbarrier_arrive(&empty[tile % kRawKeyStages]);
+      wgmma_wait<0>();
+      fence_accumulators(output);
+      return;
+    }
     wgmma_wait<0>();
     fence_accumulators(output);
     mbarrier_arrive(&empty[tile % 2]);
@@ -410,12 +593,15 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       rescale_output(factor);
       value_product(tile_a, true);
       if (has_b) {
+        // kRawKeys: the product's later batches before the wait (they need this thread to issue).
+        if constexpr (kRawKeys) finish_value_product(tile_a);
         adopt(1, pair, factor);
-        finish_value_product(tile_a);
+        if constexpr (!kRawKeys) finish_value_product(tile_a);
         rescale_output(factor);
         value_product(tile_b, false);
         finish_value_product(tile_b);
         if (has_next) signal(kConsumedB);
+        if (kRawKeys && has_next) signal(kConsumedA);  // (finish_value_product(tile_a) above)
       } else {
         finish_value_product(tile_a);
       }
@@ -433,6 +619,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
         rescale_output(factor);
         value_product(tile_b, true);
         finish_value_product(tile_b);
+        if (kRawKeys && has_next) signal(kConsumedB);
       } else {
         finish_value_product(tile_a);
       }
@@ -451,8 +638,10 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   // Both warpgroups are past their last tile (the sums handoff above): the key stages are free.
   const OutputDestination destination = output_destination(args, split);
   uint8_t* staging = shared + Layout::kKeys;
-  stage_alternating_output(args, destination, batch_index, first_row, rows_here, warpgroup, lane, row0, running_max,
-                           running_sum, sums + (1 - warpgroup) * kRowsPerTile, output, staging);
+  // (The factor buffers are free: both warpgroups are past their last rescale.)
+  stage_alternating_output<kRawKeys>(args, destination, batch_index, first_row, rows_here, warpgroup, lane, row0,
+                                     running_max, running_sum, sums + (1 - warpgroup) * kRowsPerTile, output, staging,
+                                     factors(warpgroup));
   // Every row staged, on an mbarrier (racecheck does not count a named barrier across the two
   // warpgroups, bar.sync 1, 256, as ordering their shared-memory accesses: see ConsumerBarrier in
   // narrow_kernel.cuh).

@@ -106,7 +106,7 @@ void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid
     }
   } else {  // 64-row tiles; the warpgroups take turns on the tiles
     launch(dense_decode_alternating_kernel<kHalf, kFp8Q, kFp8Cache>, kAlternatingThreads,
-           AlternatingLayout::kLaunchBytes);
+           AlternatingLayoutOf<kFp8Q, kFp8Cache>::kLaunchBytes);
   }
 }
 
@@ -181,7 +181,7 @@ void dense_decode(const DenseDecodeParams& params) {
   const CUtensorMap cache_map = make_cache_map(cache, uses_narrow_kernel(args.rows));
   if (half) {
     launch_split<true, false, false>(cache_map, args, grid, stream, params.enable_pdl);
-  } else if (fp8_q) {  // <= 32 rows: S^T on e4m3 tensor cores; P V, and > 32 rows, in fp16
+  } else if (fp8_q) {  // S (<= 32 rows: S^T) on e4m3 tensor cores, P V in fp16
     launch_split<true, true, true>(cache_map, args, grid, stream, params.enable_pdl);
   } else if (fp8_cache) {
     launch_split<true, false, true>(cache_map, args, grid, stream, params.enable_pdl);

@@ -83,6 +83,67 @@ __host__ __device__ constexpr int value_dim_of_row(int tile, int row) {
   return 128 * (tile / 2) + 32 * (row / 16) + 4 * (row % 8) + 2 * (tile % 2) + (row / 8) % 2;
 }
 
+// The 64-row kernel with fp8 q (alternating_kernel.cuh, kRawKeys) computes O^T = V^T P^T: each
+// consumer warpgroup owns 256 of the 512 value dims as 4 M tiles of 64 (wgmma m64n64k16 in fp16,
+// N = the 64 query rows, B = P^T: P as the softmax stores it, [row][key], K-major), so that V^T
+// is the A operand, which wgmma takes from registers: widened exactly from the wide raw tile
+// (key_tiles.cuh wide_raw_offset), no 16-bit copy of the tile is written to shared memory, and
+// the output accumulates in fp32 (the e4m3 output product kept ~13 bits a step: perf log
+// session 23).
+// (O^T's rows: key_tiles.cuh transposed_value_dim.)
+
+// Four 8 x 8 matrices of 16-bit values, transposed; lane l gives the address of row l % 8 of
+// matrix l / 8, and receives elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4) of each.
+__device__ __forceinline__ void load_transposed_matrices_x4(const uint8_t* row, uint32_t (&values)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(values[0]), "=r"(values[1]), "=r"(values[2]), "=r"(values[3])
+               : "r"(shared_address(row))
+               : "memory");
+}
+
+// A thread's fp16 V^T A fragments (m64k16: register r holds M row g + 8 (r % 2) of the warp's 16,
+// k columns 2 q, 2 q + 1 (+ 8 for r >= 2), g = lane / 4, q = lane % 4) from the wide raw tile.
+// ldmatrix.trans on the tile viewed as 16-bit dim pairs, lane l addressing key line 32 h + l
+// (matrix j: keys 32 h + 8 j ..) at the warp's 16 dims, gives per matrix the bytes (key 8 j + 2 q:
+// dims 2 g, 2 g + 1), (key 8 j + 2 q + 1: dims 2 g, 2 g + 1); one byte permute pairs the keys of
+// each dim, and each pair widens exactly in one instruction. So one ldmatrix.x4 feeds two k
+// steps (32 keys) of one M tile, keys in their natural order (P's), and M rows g, g + 8 are dims
+// 2 g, 2 g + 1 (transposed_value_dim). The 128-byte swizzle puts a matrix's 8 key lines on 8
+// distinct chunks: no bank conflicts.
+struct WideValueFragments {
+  int offset[2];  // key line `lane`, M tiles 0 / 1 (tiles 2, 3: one raw block on; keys 32 h ..: + 32 h lines)
+
+  __device__ __forceinline__ WideValueFragments(int warpgroup, int warp, int lane) {
+#pragma unroll
+    for (int m = 0; m < 2; ++m) offset[m] = wide_raw_offset(lane, transposed_value_dim(warpgroup, m, 16 * warp));
+  }
+  // The fragments of M tile `tile`, keys 32 half .. 32 half + 31: [k step 2 half, 2 half + 1][4].
+  __device__ __forceinline__ void load(const uint8_t* raw, int tile, int half, uint32_t (&first)[4],
+                                       uint32_t (&second)[4]) const {
+    static_assert(transposed_value_dim(0, 2, 0) - transposed_value_dim(0, 0, 0) == kWideRawBoxDims,
+                  "tiles 2, 3 are tiles 0, 1 one raw block on");
+    uint32_t matrices[4];
+    load_transposed_matrices_x4(raw + offset[tile % 2] + (tile / 2) * kWideRawBlockBytes + half * 32 * 128, matrices);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t(&fragment)[4] = j < 2 ? first : second;
+      const uint32_t paired = __byte_perm(matrices[j], 0, 0x3120);  // (dim 2 g: keys k, k + 1), (dim 2 g + 1: ...)
+      fragment[2 * (j % 2)] = widen_fp8_pair(paired);
+      fragment[2 * (j % 2) + 1] = widen_fp8_pair(paired >> 16);
+    }
+  }
+};
+
+// Key lines [first_invalid, 64) of the value blocks (dims 0..511) of a wide raw tile set to zero,
+// by `threads` threads (unused cache slots may hold NaN, which P = 0 would not cancel).
+__device__ __forceinline__ void zero_wide_raw_value_lines(uint8_t* raw, int first_invalid, int thread, int threads) {
+  constexpr int kUnitsPerLine = kLatentDim / 16;  // 16-byte units of the value blocks
+  for (int unit = thread; unit < (kTileKeys - first_invalid) * kUnitsPerLine; unit += threads) {
+    const int line = first_invalid + unit / kUnitsPerLine, rest = unit % kUnitsPerLine;
+    *reinterpret_cast<uint4*>(raw + (rest / 8) * kWideRawBlockBytes + line * 128 + (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 // Key lines [first_invalid, 64) of a raw FP8 tile set to zero (whole 64-byte lines: the swizzle
 // stays inside a line), by `threads` threads.
 __device__ __forceinline__ void zero_raw_key_lines(uint8_t* raw, int first_invalid, int thread, int threads) {

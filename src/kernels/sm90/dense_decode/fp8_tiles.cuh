@@ -1,11 +1,12 @@
-// Dense MLA decode with an FP8 cache: the narrow kernel's e4m3 query lines. Its S^T = K Q^T
-// runs on e4m3 wgmma (twice the 16-bit rate) straight from the raw key tile (narrow_kernel.cuh),
-// which wgmma takes K-major only, as stored: Q is 9 blocks of [lines][64 bytes] with the 64-byte
-// swizzle (raw_fp8_offset), an fp8 q as it is, a bf16 q split into two e4m3 parts.
-// (Until session 23 the alternating kernel ran both of its products on e4m3 wgmma with an fp8 q,
-// the output transposed, O^T = V^T P^T, with P stored as 2^8 p in e4m3: the output's
-// accumulation on FP8 tensor cores keeps ~13 bits a step and drifted by 11-41% over long splits
-// of values that share a component. It computes in fp16 now; the removed code:
+// Dense MLA decode with an FP8 cache: the e4m3 query lines of the products that run on e4m3
+// wgmma (twice the 16-bit rate) straight from the raw key tile, which wgmma takes K-major only,
+// as stored: S^T = K Q^T of the narrow kernel (narrow_kernel.cuh; an fp8 q as it is, a bf16 q
+// split into two e4m3 parts) and S = Q K^T of the 64-row kernel with an fp8 q
+// (alternating_kernel.cuh, kRawKeys). Q is 9 blocks of [lines][64 bytes] with the 64-byte
+// swizzle (raw_fp8_offset). The output products stay 16-bit (fp8_fragments.cuh). (Until session
+// 23 the 64-row kernel ran its output product on e4m3 wgmma too, with P stored as 2^8 p in e4m3:
+// the output's accumulation on FP8 tensor cores keeps ~13 bits a step and drifted by 11-41% over
+// long splits of values that share a component;
 // docs/experiments/2026-11-27-fp8-qkv-e4m3-products.patch.)
 #pragma once
 
@@ -35,8 +36,8 @@ __device__ __forceinline__ void split_into_e4m3x4(const float (&values)[4], uint
   }
 }
 
-// The tile's query rows as the e4m3 operand of the narrow kernel's S^T (kRows = 16 / 32 lines,
-// 2 kRows when split): 9 blocks of [lines][64 bytes], 64-byte swizzled (raw_fp8_offset), by
+// The tile's query rows as the e4m3 operand of S (the 64-row kernel, fp8 q: 64 lines) or S^T
+// (the narrow kernel: kRows = 16 / 32 lines, 2 kRows when split): 9 blocks of [lines][64 bytes], 64-byte swizzled (raw_fp8_offset), by
 // kThreads threads, which then meet at named barrier `barrier`; rows past rows_here are zeros.
 // kThreads / kRows consecutive threads share a row (its loads are contiguous, its maximum a few
 // shuffles).

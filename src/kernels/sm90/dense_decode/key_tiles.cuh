@@ -113,16 +113,14 @@ __device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int threa
   }
 }
 
-// How a kernel gets q into its 16-bit math type (the narrow kernel's S^T takes an fp8 q as it
-// is: fp8_tiles.cuh load_e4m3_query_rows).
+// How a kernel gets q into its 16-bit math type (an fp8 q with an FP8 cache computes S on e4m3
+// wgmma, as it is: fp8_tiles.cuh load_e4m3_query_rows).
 enum class QueryLoad {
   kCopy,        // q already has the math type (bf16 with a bf16 cache, fp16 with fp16)
   kBf16ToHalf,  // bf16 q, fp8 cache (math in fp16): q * 2^-s with s from the tile's amax
-  kE4m3ToHalf,  // fp8 q, fp8 cache (math in fp16): exact; the descale is in the logit scale
 };
-template <bool kHalf, bool kFp8Q, bool kFp8Cache>
+template <bool kHalf, bool kFp8Cache>
 constexpr QueryLoad query_load() {
-  if (kFp8Q) return QueryLoad::kE4m3ToHalf;
   return kHalf && kFp8Cache ? QueryLoad::kBf16ToHalf : QueryLoad::kCopy;
 }
 
@@ -190,14 +188,6 @@ __device__ __forceinline__ float load_query_tile(const SplitArgs& args, int batc
       }
       *reinterpret_cast<uint4*>(destination(j)) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
-  } else if constexpr (kMode == QueryLoad::kE4m3ToHalf) {
-    uint2 bytes[kUnitsPerThread];
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) {
-      bytes[j] = offsets[j] >= 0 ? *reinterpret_cast<const uint2*>(args.q + offsets[j]) : make_uint2(0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) *reinterpret_cast<uint4*>(destination(j)) = widen_fp8x8<true>(bytes[j]);
   } else {
 #pragma unroll
     for (int j = 0; j < kUnitsPerThread; ++j) {
@@ -309,11 +299,13 @@ struct KeyTileLoader {
 // The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
 // kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile's 64-dim
 // blocks (KeyTileLoader::issue).
-template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1>
+// Loader: the stage layout (KeyTileLoader's parameters; the alternating kernel's wide raw tiles
+// with fp8 q).
+template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1, class Loader = KeyTileLoader<kFp8Cache>>
 __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
                                                   uint8_t* stages, uint64_t* full, uint64_t* empty) {
-  KeyTileLoader<kFp8Cache> loader(cache_map, args, table_row, range, stages);
+  Loader loader(cache_map, args, table_row, range, stages);
   loader.read_pages(0);
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % kStages;
@@ -460,36 +452,74 @@ constexpr int kAlternatingStagedRowFloats = kLatentDim + 8;
 constexpr int kAlternatingStagedRowOffsets = kRowsPerTile * kAlternatingStagedRowFloats * 4;
 constexpr int kAlternatingStagingBytes = kAlternatingStagedRowOffsets + kRowsPerTile * 8;
 
+// With fp8 q and cache the alternating kernel computes O^T (fp8_fragments.cuh
+// WideValueFragments): each consumer warpgroup's 256 value dims are 4 M tiles of 64.
+constexpr int kOutputTilesPerWarpgroup = 4;
+// The dim that row `row` (0..63) of M tile `tile` of warpgroup `warpgroup`'s O^T holds: warp w's
+// 16 rows are dims 16 w .. 16 w + 15 of the tile's 64, row g (< 8) dim 2 g, row g + 8 dim 2 g + 1.
+__host__ __device__ constexpr int transposed_value_dim(int warpgroup, int tile, int row) {
+  return 256 * warpgroup + 64 * tile + 16 * (row / 16) + 2 * (row % 8) + (row / 8) % 2;
+}
+
 // The alternating kernel's epilogue, first part, by each consumer warpgroup (every tile
 // consumed by both, so that the key stages are free for `staging`): it holds O for its 256 value
-// columns (m64n256, rows as M) and, for rows row0 and row0 + 8 of its warp, the running maximum
-// and the row sums over its own keys, which `other_sums` ([row] of the other warpgroup's sums)
-// completes. Writes the LSE and stages the normalised rows (the output or the split's partial)
-// with each row's destination offset; once both warpgroups have, the rows are stored by
-// store_staged_rows.
+// columns and, for rows row0 and row0 + 8 of its warp, the running maximum and the row sums over
+// its own keys, which `other_sums` ([row] of the other warpgroup's sums) completes. Writes the
+// LSE and stages the normalised rows (the output or the split's partial) with each row's
+// destination offset; once both warpgroups have, the rows are stored by store_staged_rows.
+// O's accumulators: m64n256 (rows as M), or with kTransposed O^T as 4 M tiles of m64n64 (dims as
+// M: transposed_value_dim; rows as N), whose rows' normalisers go through `normalizers` ([64]
+// floats of this warpgroup's: the buffer of its published factors, which its threads have all
+// read once they meet at the first barrier).
+template <bool kTransposed>
 __device__ __forceinline__ void stage_alternating_output(const SplitArgs& args, const OutputDestination& destination,
                                                          int batch_index, int first_row, int rows_here, int warpgroup,
                                                          int lane, int row0, const float (&running_max)[2],
                                                          const float (&running_sum)[2], const float* other_sums,
-                                                         const float (&output)[128], uint8_t* staging) {
+                                                         const float (&output)[128], uint8_t* staging,
+                                                         float* normalizers) {
   float* staged = reinterpret_cast<float*>(staging);
   int64_t* row_offsets = reinterpret_cast<int64_t*>(staging + kAlternatingStagedRowOffsets);
+  if constexpr (kTransposed) sync_named(2 + warpgroup, 128);  // all of this warpgroup read its last factors
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
-    if (row >= rows_here) continue;
     const float sum = running_sum[half] + other_sums[row];
-    const bool empty_row = sum == 0.0f;
+    const bool empty_row = sum == 0.0f || row >= rows_here;
     const float normalizer = empty_row ? 0.0f : args.value_scale / sum;
+    if constexpr (kTransposed) normalizers[row] = normalizer;
+    if (row >= rows_here) continue;
     const float lse2 = empty_row ? -INFINITY : running_max[half] + log2f(sum);
-    float* staged_row = staged + row * kAlternatingStagedRowFloats + warpgroup * 256 + 2 * (lane % 4);
+    if constexpr (!kTransposed) {
+      float* staged_row = staged + row * kAlternatingStagedRowFloats + warpgroup * 256 + 2 * (lane % 4);
 #pragma unroll
-    for (int i = 2 * half; i < 128; i += 4) {
-      *reinterpret_cast<float2*>(staged_row + 8 * (i / 4)) = make_float2(output[i] * normalizer, output[i + 1] * normalizer);
+      for (int i = 2 * half; i < 128; i += 4) {
+        *reinterpret_cast<float2*>(staged_row + 8 * (i / 4)) = make_float2(output[i] * normalizer, output[i + 1] * normalizer);
+      }
     }
     if (warpgroup == 0 && lane % 4 == 0) {
       store_row_lse(args, destination, batch_index, first_row + row, lse2);
       row_offsets[row] = destination_row_offset(args, destination, batch_index, first_row + row);
+    }
+  }
+  if constexpr (kTransposed) {
+    sync_named(2 + warpgroup, 128);  // this warpgroup's normalizers
+    static_assert(transposed_value_dim(0, 0, 8) == transposed_value_dim(0, 0, 0) + 1, "rows g, g + 8: adjacent dims");
+    // Accumulator i of M tile m: M row row0 + 8 ((i / 2) % 2) (accumulator_row), whose dims are
+    // adjacent, and query row 8 (i / 4) + 2 (lane % 4) + i % 2 (accumulator_column).
+#pragma unroll
+    for (int m = 0; m < kOutputTilesPerWarpgroup; ++m) {
+      const int dim = transposed_value_dim(warpgroup, m, row0);
+#pragma unroll
+      for (int i = 0; i < 32; i += 4) {
+#pragma unroll
+        for (int parity = 0; parity < 2; ++parity) {
+          const int row = 8 * (i / 4) + 2 * (lane % 4) + parity;
+          const float normalizer = normalizers[row];
+          *reinterpret_cast<float2*>(staged + row * kAlternatingStagedRowFloats + dim) =
+              make_float2(output[32 * m + i + parity] * normalizer, output[32 * m + i + 2 + parity] * normalizer);
+        }
+      }
     }
   }
 }

@@ -84,6 +84,16 @@ __device__ __forceinline__ float fast_reciprocal(float x) {
 __device__ __forceinline__ void sync_named(int id, int thread_count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(thread_count) : "memory");
 }
+// sync_named that also returns whether `value` is true in any of the threads.
+__device__ __forceinline__ bool sync_named_any(int id, int thread_count, bool value) {
+  uint32_t result;
+  asm volatile(
+      "{\n.reg .pred in, out;\nsetp.ne.u32 in, %1, 0;\nbar.red.or.pred out, %2, %3, in;\nselp.u32 %0, 1, 0, out;\n}\n"
+      : "=r"(result)
+      : "r"(uint32_t(value)), "r"(id), "r"(thread_count)
+      : "memory");
+  return result != 0;
+}
 
 // Two floats as one register of two 16-bit values (round to nearest even).
 template <bool kHalf>
