@@ -6,9 +6,7 @@
 // 512 dims of the same cache rows). Query rows are the request's Sq tokens x Hq heads folded
 // into M (row m = s * Hq + h), so a 64-row wgmma tile is filled by Hq = 64, Hq = 16 x Sq = 4...
 // Roles: 384 threads = two consumer warpgroups (the math) + one producer warpgroup (setmaxnreg
-// moves its registers to the consumers): one thread issues the TMA loads; with an FP8 cache and
-// a bf16 q the whole warpgroup widens each landed tile in place to fp16 and that thread issues
-// the loads between tiles (key_tiles.cuh load_and_widen_key_tiles).
+// moves its registers to the consumers): one thread of it issues the TMA loads.
 // Tiling: key tiles of 64 tokens taken in pairs (a, b). Warpgroup 0 owns tile a, warpgroup 1
 // tile b: the owner computes S = Q K^T for its tile (64 x 64, wgmma m64n64k16; Q from shared
 // memory for dims 0..511, from registers for the 64 rope dims), its softmax, and publishes the
@@ -33,20 +31,22 @@
 // are in registers), two 72 KB key stages, tile b's P buffer 8 KB, maxima and factors: 226 KB.
 // Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
 // P V of its tile are done; a 16-bit tile lands in three parts (kAlternatingKeyParts), S
-// waiting for each part in turn. An FP8 tile (36 KB, 128-dim boxes) with a bf16 q lands in its
-// stage's upper 40 KB and is widened exactly to fp16 in place, then the stage is full.
-// fp8 q and cache (kRawKeys): nothing is widened in shared memory. S runs on e4m3 wgmma
-// (m64n64k32) from Q's e4m3 lines and the raw tile as it landed; the output runs transposed in
+// waiting for each part in turn.
+// FP8 cache (kRawKeys): nothing is widened in shared memory. S runs on e4m3 wgmma (m64n64k32)
+// from Q's e4m3 lines (an fp8 q as it is, a bf16 q as high and low e4m3 parts with a
+// power-of-two factor per row: fp8_tiles.cuh load_e4m3_query_rows) and the raw tile (36 KB,
+// 128-dim boxes) as it landed, in two segments added in fp32; the output runs transposed in
 // fp16, O^T += V^T P^T (4 M tiles of m64n64k16 per warpgroup and k step), V^T's fragments
 // widened exactly in registers from the raw tile (fp8_fragments.cuh WideValueFragments) and P^T
-// read as the softmax stored it (both warpgroups read both P buffers); four raw stages of 40 KB,
-// each released once both warpgroups have its fragments: 212 KB. H100 cycles against the
-// widening producer: -30% on D1 Hq128, D2 Hq64, D3 (perf log session 24).
+// read as the softmax stored it (both warpgroups read both P buffers); four (fp8 q) or three
+// (bf16 q) raw stages of 40 KB, each released once both warpgroups have its fragments. H100
+// cycles against the producer warpgroup that widened each tile to fp16 in shared memory until
+// session 24: -30% with an fp8 q, -13..14% with a bf16 q (perf log session 24).
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
 // guards that keep a row without keys at output 0 and LSE -inf; the reference moves (and the
 // output is rescaled) only when a tile's maximum passes it by more than 2^8.
-// The output product is always 16-bit with fp32 accumulation: e4m3 widens exactly, a bf16 q is
-// scaled by a power of two into fp16 range. (Until session 23 an fp8 q with an FP8 cache ran O^T
+// The output product is always 16-bit with fp32 accumulation (e4m3 widens exactly to fp16).
+// (Until session 23 an fp8 q with an FP8 cache ran O^T
 // on e4m3 tensor cores too, P stored as 2^8 p: the output's accumulation on FP8 tensor cores
 // keeps ~13 bits a step and drifted by 11-41% over long splits of values that share a
 // component: perf log session 23, docs/experiments/2026-11-27-fp8-qkv-e4m3-products.patch.)
@@ -89,6 +89,7 @@ constexpr int kHandoffCount = 7;
 constexpr int kAlternatingKeyParts = 3;
 
 struct AlternatingLayout {
+  static constexpr int kStages = 2;  // key stages of 72 KB
   static constexpr int kQuery = 0;
   static constexpr int kProbabilitiesA = kLatentDim / 64 * kSwizzleBlockBytes;  // Q's rope block
   static constexpr int kKeys = kTileBlockBytes;
@@ -97,9 +98,9 @@ struct AlternatingLayout {
   static constexpr int kFactorA = kMaxima + kRowsPerTile * 4;          // [64]
   static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;         // [64]
   static constexpr int kSums = kFactorB + kRowsPerTile * 4;            // [2][64]
-  // full[2 stages][kAlternatingKeyParts], empty[2], landed[2]
+  // full[2 stages][kAlternatingKeyParts], empty[2]
   static constexpr int kBarriers = kSums + 2 * kRowsPerTile * 4;
-  static constexpr int kHandoffs = kBarriers + (2 * kAlternatingKeyParts + 4) * 8;  // see kPublishedA ...
+  static constexpr int kHandoffs = kBarriers + (2 * kAlternatingKeyParts + 2) * 8;  // see kPublishedA ...
   static constexpr int kBytes = kHandoffs + kHandoffCount * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
 };
@@ -107,51 +108,50 @@ static_assert(AlternatingLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared m
 static_assert(AlternatingLayout::kKeys + kAlternatingStagingBytes <= AlternatingLayout::kMaxima,
               "the epilogue's staging fits the key stages (and P_b)");
 
-// fp8 q and cache (kRawKeys): Q in e4m3 36 KB, four raw key stages of 40 KB (128-dim boxes,
-// wide_raw_offset), the P buffers 8 KB each: 212 KB.
-constexpr int kRawKeyStages = 4;  // a stage is free once both warpgroups have its V^T fragments
+// FP8 cache (kRawKeys): Q's e4m3 lines (an fp8 q: 64 lines, 36 KB; a bf16 q, kSplitQuery: its
+// high and low e4m3 parts, 128 lines, 72 KB), raw key stages of 40 KB (128-dim boxes,
+// wide_raw_offset; 4 with an fp8 q, 3 with a bf16 q), the P buffers 8 KB each: 212 / 208 KB.
+template <bool kSplitQuery>
 struct AlternatingRawKeysLayout {
+  static constexpr int kQueryLines = kSplitQuery ? 2 * kRowsPerTile : kRowsPerTile;
+  static constexpr int kStages = kSplitQuery ? 3 : 4;  // a stage is free once both warpgroups have its V^T fragments
   static constexpr int kQuery = 0;
-  static constexpr int kKeys = kRawFp8StageBytes;
-  static constexpr int kProbabilitiesA = kKeys + kRawKeyStages * kWideRawStageBytes;
+  static constexpr int kKeys = kQueryLines * kHeadDim;
+  static constexpr int kProbabilitiesA = kKeys + kStages * kWideRawStageBytes;
   static constexpr int kProbabilitiesB = kProbabilitiesA + kSwizzleBlockBytes;
   static constexpr int kMaxima = kProbabilitiesB + kSwizzleBlockBytes;
   static constexpr int kFactorA = kMaxima + kRowsPerTile * 4;
   static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;
   static constexpr int kSums = kFactorB + kRowsPerTile * 4;
-  static constexpr int kMovedFlags = kSums + 2 * kRowsPerTile * 4;  // [warpgroup][warp] ints
-  // full[kRawKeyStages], empty[kRawKeyStages]
+  static constexpr int kRowFactors = kSums + 2 * kRowsPerTile * 4;  // [64]: kSplitQuery's 2^s per row
+  static constexpr int kMovedFlags = kRowFactors + kRowsPerTile * 4;  // [warpgroup][warp] ints
+  // full[kStages], empty[kStages]
   static constexpr int kBarriers = kMovedFlags + 2 * 4 * 4;
-  static constexpr int kHandoffs = kBarriers + 2 * kRawKeyStages * 8;
+  static constexpr int kHandoffs = kBarriers + 2 * kStages * 8;
   static constexpr int kBytes = kHandoffs + kHandoffCount * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
+  static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
+  static_assert(kKeys % 1024 == 0 && kWideRawStageBytes % 1024 == 0, "swizzle atoms stay aligned");
+  static_assert(kKeys + kAlternatingStagingBytes <= kMaxima, "the epilogue's staging fits the raw stages and P buffers");
 };
-static_assert(AlternatingRawKeysLayout::kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
-static_assert(kRawFp8StageBytes % 1024 == 0 && kWideRawStageBytes % 1024 == 0, "swizzle atoms stay aligned");
-static_assert(AlternatingRawKeysLayout::kKeys + kAlternatingStagingBytes <= AlternatingRawKeysLayout::kMaxima,
-              "the epilogue's staging fits the raw stages and P buffers");
 
-// fp8 q and cache: S on e4m3 wgmma straight from the raw tiles, O^T in fp16 from V^T fragments
-// widened in registers (fp8_fragments.cuh WideValueFragments); else 16-bit math on 16-bit tiles.
-// The kernel and its launcher (the shared-memory size) take the layout from here.
+// The kernel's and its launcher's (the shared-memory size) layout: FP8 caches read the raw
+// tiles (kRawKeys), 16-bit caches 16-bit tiles.
 template <bool kFp8Q, bool kFp8Cache>
-constexpr bool kAlternatingRawKeys = kFp8Q && kFp8Cache;
-template <bool kFp8Q, bool kFp8Cache>
-using AlternatingLayoutOf =
-    std::conditional_t<kAlternatingRawKeys<kFp8Q, kFp8Cache>, AlternatingRawKeysLayout, AlternatingLayout>;
+using AlternatingLayoutOf = std::conditional_t<kFp8Cache, AlternatingRawKeysLayout<!kFp8Q>, AlternatingLayout>;
 
 // Named barriers (bar.sync ids; 0 is __syncthreads'): 1 both consumer warpgroups
-// (sync_consumers, the Q load), 2 + w consumer warpgroup w alone, kWidenerBarrier the producer
-// warpgroup widening an FP8 tile.
-constexpr int kWidenerBarrier = 4;
+// (sync_consumers, the Q load), 2 + w consumer warpgroup w alone.
 
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 __global__ void __launch_bounds__(kAlternatingThreads, 1)
     dense_decode_alternating_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
   static_assert(kHalf || !kFp8Cache, "FP8 caches compute in fp16");
   static_assert(kFp8Cache || !kFp8Q, "an fp8 q comes with an FP8 cache");
-  constexpr bool kRawKeys = kAlternatingRawKeys<kFp8Q, kFp8Cache>;
-  constexpr bool kWidens = kFp8Cache && !kRawKeys;  // the producer warpgroup widens FP8 tiles to fp16
+  // FP8 caches: S on e4m3 wgmma straight from the raw tiles, O^T in fp16 from V^T fragments
+  // widened in registers (fp8_fragments.cuh WideValueFragments).
+  constexpr bool kRawKeys = kFp8Cache;
+  constexpr bool kSplitQuery = kRawKeys && !kFp8Q;  // a bf16 q as two e4m3 parts
   using Layout = AlternatingLayoutOf<kFp8Q, kFp8Cache>;
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
@@ -165,13 +165,11 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   };
   // The stages are released per tile on `empty` (kRawKeys: once both warpgroups have the tile's
   // V^T fragments in registers).
-  constexpr int kStages = kRawKeys ? kRawKeyStages : 2;
-  // `full`: the TMA's bytes, or with an FP8 cache the wideners' arrivals.
+  constexpr int kStages = Layout::kStages;
+  // `full`: the TMA's bytes.
   constexpr int kKeyParts = kFp8Cache ? 1 : kAlternatingKeyParts;
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);  // [stage][part]
   uint64_t* empty = full + kStages * kKeyParts;
-  // kWidens: the raw tile is in the stage (TMA bytes), before the wideners fill it.
-  uint64_t* landed = kWidens ? empty + kStages : nullptr;
   uint64_t* handoffs = reinterpret_cast<uint64_t*>(shared + Layout::kHandoffs);
   // Whole warps signal (see ConsumerBarrier in narrow_kernel.cuh: no lane of a warp waits
   // while another lane of it has yet to arrive).
@@ -202,22 +200,14 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       const bool both = handoff == kRowsStaged || (kRawKeys && (handoff == kConsumedA || handoff == kConsumedB));
       mbarrier_init(&handoffs[handoff], both ? kConsumerThreads : 128);
     }
-    if constexpr (kWidens) {
-      for (int stage = 0; stage < 2; ++stage) mbarrier_init(&full[stage], kAlternatingProducerThreads);
-    }
   }
-  // An FP8 tile lands on `landed`; the widener threads fill the stage and arrive on `full`.
-  init_stage_barriers(kWidens ? landed : full, empty, kConsumerThreads, kStages, 1, kKeyParts);
+  init_stage_barriers(full, empty, kConsumerThreads, kStages, 1, kKeyParts);
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads) {  // the producer warpgroup
-    set_register_count<(kWidens ? kFp8ProducerRegisters : kProducerRegisters), false>();
-    const int producer_thread = threadIdx.x - kConsumerThreads;
-    if constexpr (kWidens) {
-      load_and_widen_key_tiles<kHalf>(&cache_map, args, table_row, range, stages, landed, full, empty,
-                                      producer_thread, kWidenerBarrier);
-    } else if (producer_thread == 0) {
+    set_register_count<kProducerRegisters, false>();
+    if (threadIdx.x == kConsumerThreads) {
       if constexpr (kRawKeys) {
-        produce_key_tiles<true, kRawKeyStages, 1, 1,
+        produce_key_tiles<true, kStages, 1, 1,
                           KeyTileLoader<true, kWideRawBlockBytes, kWideRawStageBytes, kWideRawBoxDims>>(
             &cache_map, args, table_row, range, stages, full, empty);
       } else {
@@ -226,18 +216,25 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     }
     return;
   }
-  set_register_count<(kWidens ? kFp8ConsumerRegisters : kConsumerRegisters), true>();
+  set_register_count<kConsumerRegisters, true>();
 
-  float logit_scale = args.logit_scale_log2;
-  if constexpr (kRawKeys) {
-    load_e4m3_query_rows<kRowsPerTile, kConsumerThreads, false>(args, batch_index, first_row, rows_here, query, nullptr, 1);
-  } else {
-    logit_scale *= load_query_tile<kHalf, query_load<kHalf, kFp8Cache>(), kRowsPerTile, kConsumerThreads>(
-        args, batch_index, first_row, rows_here, query, 1);
-  }
   const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int thread_in_warpgroup = threadIdx.x % 128;
   const int row0 = 16 * warp + lane / 4;  // this thread's accumulator rows: row0, row0 + 8
+  // The logits' scale (base 2) of rows row0, row0 + 8: a bf16 q split into e4m3 parts carries a
+  // factor 2^s per row.
+  float logit_scale[2] = {args.logit_scale_log2, args.logit_scale_log2};
+  if constexpr (kRawKeys) {
+    float* row_factors = kSplitQuery ? reinterpret_cast<float*>(shared + Layout::kRowFactors) : nullptr;
+    load_e4m3_query_rows<kRowsPerTile, kConsumerThreads, kSplitQuery>(args, batch_index, first_row, rows_here, query,
+                                                                      row_factors, 1);
+    if constexpr (kSplitQuery) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) logit_scale[half] *= row_factors[row0 + 8 * half];
+    }
+  } else {
+    load_query_tile<kRowsPerTile, kConsumerThreads>(args, batch_index, first_row, rows_here, query, 1);
+  }
   uint32_t rope_query[kRopeSteps][4];
   if constexpr (!kRawKeys) {
 #pragma unroll
@@ -275,20 +272,33 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       // kScoreSegments segments of steps, each accumulated afresh and added in fp32: e4m3 wgmma
       // adds each step to its accumulator at reduced precision (~13 bits), and one chain of 18
       // steps moved the narrow kernel's LSEs by up to 8e-4 (1 + |LSE|).
-      uint8_t* keys = stages + (tile % kRawKeyStages) * kWideRawStageBytes;
-      mbarrier_wait(&full[tile % kRawKeyStages], (tile / kRawKeyStages) % 2);
+      uint8_t* keys = stages + (tile % kStages) * kWideRawStageBytes;
+      mbarrier_wait(&full[tile % kStages], (tile / kStages) % 2);
       const uint64_t fp8_query_descriptor = make_descriptor_64b(query, 512);
       const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);  // 128-byte swizzle (wide_raw_offset)
       constexpr int kScoreSegments = 2, kSegmentSteps = kHeadDim / 32 / kScoreSegments;
       static_assert(kSegmentSteps * kScoreSegments * 32 == kHeadDim, "whole segments");
+      // A bf16 q's low parts (lines 64..127 of each block, ~2^-4 of the high parts) go into the
+      // same accumulators, each segment's low steps first: an add loses bits relative to the
+      // accumulator's magnitude, which is still small while they go in, so the error stays that
+      // of the 9 high steps (interleaved, high and low, one C++ case's LSE was off by 3.1e-3).
+      constexpr int kParts = kSplitQuery ? 2 : 1;
       float later_segment[32];
       wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kHeadDim / 32; ++k) {
-        float(&terms)[32] = k < kSegmentSteps ? scores : later_segment;
-        wgmma_64x64x32_fp8(terms, advance_descriptor(fp8_query_descriptor, (k / 2) * kRawBlockBytes + (k % 2) * 32),
-                           advance_descriptor(key_descriptor, (k / 4) * kWideRawBlockBytes + (k % 4) * 32),
-                           k % kSegmentSteps > 0);
+      for (int segment = 0; segment < kScoreSegments; ++segment) {
+        float(&terms)[32] = segment == 0 ? scores : later_segment;
+#pragma unroll
+        for (int part = kParts - 1; part >= 0; --part) {
+#pragma unroll
+          for (int step = 0; step < kSegmentSteps; ++step) {
+            const int k = segment * kSegmentSteps + step;
+            const int query_offset = (k / 2) * (Layout::kQueryLines * 64) + part * (kRowsPerTile * 64) + (k % 2) * 32;
+            wgmma_64x64x32_fp8(terms, advance_descriptor(fp8_query_descriptor, query_offset),
+                               advance_descriptor(key_descriptor, (k / 4) * kWideRawBlockBytes + (k % 4) * 32),
+                               step > 0 || part < kParts - 1);
+          }
+        }
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -368,7 +378,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       if constexpr (kFp8Cache) {  // the vote of own_softmax measured 1-2% slower for these kernels
         tile_max[half] = max_over_quad(tile_max[half]);
       }
-      tile_max[half] *= logit_scale;
+      tile_max[half] *= logit_scale[half];
     }
   };
 
@@ -420,8 +430,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 #pragma unroll
     for (int i = 0; i < 32; i += 2) {
       const int half = (i / 2) % 2;
-      const float first = fast_exp2(fmaf(scores[i], logit_scale, -reference[half]));
-      const float second = fast_exp2(fmaf(scores[i + 1], logit_scale, -reference[half]));
+      const float first = fast_exp2(fmaf(scores[i], logit_scale[half], -reference[half]));
+      const float second = fast_exp2(fmaf(scores[i + 1], logit_scale[half], -reference[half]));
       running_sum[half] += first + second;
       probabilities[i / 8][(i % 8) / 2] = pack_two<kHalf>(first, second);
     }
@@ -513,7 +523,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   uint32_t value_fragments[2][4][4];  // [buffer][wgmma of the batch][register]
   const WideValueFragments value_reader(warpgroup, warp, lane);
   auto load_value_batch = [&](int tile, int batch) {
-    const uint8_t* raw = stages + (tile % kRawKeyStages) * kWideRawStageBytes;
+    const uint8_t* raw = stages + (tile % kStages) * kWideRawStageBytes;
     const int half = batch / 2, first_tile = 2 * (batch % 2);
     uint32_t(&into)[4][4] = value_fragments[batch % 2];
     value_reader.load(raw, first_tile, half, into[0], into[1]);
@@ -538,7 +548,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     if constexpr (kRawKeys) {
       // (The owner waited for the tile in tile_scores; the other warpgroup came through the publish
       // handoff, and waits too, so that the TMA's bytes are visible to it.)
-      mbarrier_wait(&full[tile % kRawKeyStages], (tile / kRawKeyStages) % 2);
+      mbarrier_wait(&full[tile % kStages], (tile / kStages) % 2);
 #pragma unroll
       for (int batch = 0; batch < kEarlyValueBatches; ++batch) load_value_batch(tile, batch);
 #pragma unroll
@@ -572,7 +582,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
         load_value_batch(tile, batch);
         issue_value_batch(tile, batch);
       }
-      mbarrier_arrive(&empty[tile % kRawKeyStages]);
+      mbarrier_arrive(&empty[tile % kStages]);
       wgmma_wait<0>();
       fence_accumulators(output);
       return;

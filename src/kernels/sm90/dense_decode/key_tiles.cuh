@@ -7,11 +7,10 @@
 // and issues one TMA box per 64 dims x min(page, 64) tokens. FP8 caches land as 9 blocks of
 // [64 lines][64 bytes], 64-byte swizzled, for the narrow kernel, which widens in registers
 // (fp8_fragments.cuh), and as 5 blocks of [64 lines][128 bytes] (one box per 128 dims, 128-byte
-// swizzled: wide_raw_offset) for the alternating kernel, whose producer warpgroup widens them
-// in place (the raw tile in the stage's upper 40 KB, widen_key_tile_in_place; q is loaded in
-// fp16 too, query_load). Slots past the sequence end are zeroed in shared memory before use
-// (unused cache slots may hold NaN, pages past the end are never read), so masked keys multiply
-// finite zeros.
+// swizzled: wide_raw_offset) for the alternating kernel, which widens its V^T fragments in
+// registers too (fp8_fragments.cuh WideValueFragments). Slots past the sequence end are zeroed
+// in shared memory before use (unused cache slots may hold NaN, pages past the end are never
+// read), so masked keys multiply finite zeros.
 #pragma once
 
 #include <cfloat>
@@ -43,8 +42,7 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid,
   }
 }
 
-// The alternating kernel's producer warpgroup: it issues the loads and, with an FP8 cache,
-// widens each tile (here).
+// The alternating kernel's producer warpgroup (one thread of it issues the loads).
 constexpr int kAlternatingProducerThreads = 128;
 
 // The alternating kernel's raw FP8 key tiles: 5 blocks of [64 lines][128 bytes] with the
@@ -60,72 +58,8 @@ __host__ __device__ constexpr int wide_raw_offset(int line, int dim) {
   return (dim / kWideRawBoxDims) * kWideRawBlockBytes + line * 128 + ((((dim % 128) / 16) ^ (line % 8)) * 16) + dim % 16;
 }
 
-// An FP8 key tile widened in place into the 16-bit swizzled tile, by the kAlternatingProducerThreads
-// threads of the alternating kernel's producer warpgroup. The TMA lands the raw tile (wide,
-// above) in the stage's upper 40 KB, so that 16-bit block b >= 4 overwrites exactly raw block
-// b - 4, whose dims the 16-bit blocks 2 b - 8 and 2 b - 7 take: widened in order, every block
-// overwrites only raw bytes already read, but for blocks 7 and 8, which read their own. Named
-// barriers (`barrier`) before the stores of blocks 4, 6, 7 and 8 make every thread's loads of
-// the raw blocks they overwrite come first; the loads of block b + 1 are issued before block b's
-// stores (they read raw block (b + 1) / 2, never the one block b overwrites), so their latency
-// hides behind block b's conversion and stores. Lines are widened whether or not they hold keys
-// (the consumers zero the lines past the sequence end).
-constexpr int kRawInStageOffset = kTileBlockBytes - kWideRawStageBytes;  // 32 KB
-static_assert(kRawInStageOffset == 4 * kSwizzleBlockBytes && kWideRawBlockBytes == kSwizzleBlockBytes && kDimBlocks == 9,
-              "16-bit block b >= 4 is raw block b - 4, and the widener's barrier steps (4, 6, 7, 8) cover 9 blocks");
-template <bool kHalf>
-__device__ __forceinline__ void widen_key_tile_in_place(uint8_t* tile, int thread, int barrier) {
-  constexpr int kUnits = kTileKeys * 8;  // 8 bytes (one 16-byte chunk once widened) per unit
-  constexpr int kLineStep = kAlternatingProducerThreads / 8, kUnitsPerThread = kUnits / kAlternatingProducerThreads;
-  static_assert(kUnitsPerThread * kAlternatingProducerThreads == kUnits && kLineStep % 8 == 0,
-                "whole units per thread; a thread's lines share their swizzle (line % 8)");
-  // A warp's four lines are l, l + 1, l + 4, l + 5 (l even): their raw 64-byte halves, swizzled
-  // by line % 8, then cover all 32 banks twice (lines 0..3 would take the same 16 banks).
-  const int chunk = thread % 8, warp = thread / 32, quad = (thread / 8) % 4;
-  const int first_line = (warp % 2) * 2 + (warp / 2) * 8 + quad / 2 + (quad % 2) * 4;
-  const int destination = first_line * 128 + (chunk ^ (first_line % 8)) * 16;
-  // Dims 64 b + 8 chunk of line first_line in the raw tile: one of two offsets (b even, odd) plus
-  // a constant (with the offset computed per block the widener spilled at its 56 registers).
-  const int source_even = kRawInStageOffset + wide_raw_offset(first_line, 8 * chunk);
-  const int source_odd = kRawInStageOffset + wide_raw_offset(first_line, 64 + 8 * chunk);
-  auto source = [&](int block) { return (block % 2 ? source_odd : source_even) + (block / 2) * kWideRawBlockBytes; };
-  auto load = [&](int block, uint2 (&bytes)[kUnitsPerThread]) {
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) {
-      bytes[j] = *reinterpret_cast<const uint2*>(tile + source(block) + j * kLineStep * 128);
-    }
-  };
-  uint2 bytes[2][kUnitsPerThread];  // blocks b and b + 1
-  __syncwarp();  // thread 0 may come from issuing loads: bar.sync wants whole warps
-  load(0, bytes[0]);
-#pragma unroll
-  for (int block = 0; block < kDimBlocks; ++block) {
-    // Block b's stores overwrite raw block b - 4, which blocks 2 b - 8 and 2 b - 7 read (their
-    // loads issued in steps 2 b - 9 and 2 b - 8): a barrier in a step in (2 b - 8, b] orders them
-    // for every thread. Blocks 0..3 overwrite no raw bytes; steps 4, 6, 7 and 8 cover blocks 4..8.
-    if (block == 4 || block >= 6) sync_named(barrier, kAlternatingProducerThreads);
-    if (block + 1 < kDimBlocks) load(block + 1, bytes[(block + 1) % 2]);
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) {
-      *reinterpret_cast<uint4*>(tile + block * kSwizzleBlockBytes + destination + j * kLineStep * 128) =
-          widen_fp8x8<kHalf>(bytes[block % 2][j]);
-    }
-  }
-}
-
-// How a kernel gets q into its 16-bit math type (an fp8 q with an FP8 cache computes S on e4m3
-// wgmma, as it is: fp8_tiles.cuh load_e4m3_query_rows).
-enum class QueryLoad {
-  kCopy,        // q already has the math type (bf16 with a bf16 cache, fp16 with fp16)
-  kBf16ToHalf,  // bf16 q, fp8 cache (math in fp16): q * 2^-s with s from the tile's amax
-};
-template <bool kHalf, bool kFp8Cache>
-constexpr QueryLoad query_load() {
-  return kHalf && kFp8Cache ? QueryLoad::kBf16ToHalf : QueryLoad::kCopy;
-}
-
 // `largest` raised to the largest |value| of the 8 bf16 values in `values`, finite ones only: an
-// inf or NaN in one query row must not switch a row's or tile's scaling off (it reaches its own
+// inf or NaN in one query row must not switch its row's scaling off (it reaches its own
 // row's logits through the scaled value itself).
 __device__ __forceinline__ void raise_to_largest_finite_bf16(float& largest, const uint4& values) {
   const uint32_t words[4] = {values.x, values.y, values.z, values.w};
@@ -136,73 +70,30 @@ __device__ __forceinline__ void raise_to_largest_finite_bf16(float& largest, con
   }
 }
 
-// The tile's query rows into the swizzled layout (kLines lines) in the math type, by `kThreads`
-// threads that then meet at named barrier `barrier` (rows past rows_here are zeros). All of a
-// thread's loads are in flight at once (cp.async, or a register batch): Q is every CTA's fixed
-// cost. Returns the factor the logits must be multiplied by: 2^s for kBf16ToHalf, where s
-// brings the tile's largest |q| just under 2^15 (fp16's range; the values keep their 11-bit
-// precision unless 2^-29 times smaller than the largest), else 1.
-template <bool kHalf, QueryLoad kMode, int kLines, int kThreads>
-__device__ __forceinline__ float load_query_tile(const SplitArgs& args, int batch_index, int first_row,
-                                                 int rows_here, uint8_t* query, int barrier) {
+// The tile's query rows into the swizzled layout (kLines lines; a 16-bit q for a 16-bit cache),
+// by `kThreads` threads that then meet at named barrier `barrier` (rows past rows_here are
+// zeros). All of a thread's loads are in flight at once (cp.async): Q is every CTA's fixed cost.
+template <int kLines, int kThreads>
+__device__ __forceinline__ void load_query_tile(const SplitArgs& args, int batch_index, int first_row, int rows_here,
+                                                uint8_t* query, int barrier) {
   constexpr int kUnitsPerLine = kHeadDim / 8;
   constexpr int kUnitsPerThread = kLines * kUnitsPerLine / kThreads;
   static_assert(kUnitsPerThread * kThreads == kLines * kUnitsPerLine, "whole units per thread");
-  int64_t offsets[kUnitsPerThread];
 #pragma unroll
   for (int j = 0; j < kUnitsPerThread; ++j) {
     const int unit = threadIdx.x + j * kThreads;
     const int row = unit / kUnitsPerLine, dim = (unit % kUnitsPerLine) * 8;
-    const int m = first_row + row;
-    offsets[j] = row < rows_here ? query_row_offset(args, batch_index, m) + dim : -1;
+    uint8_t* destination = query + tile_offset<kLines>(row, dim);
+    if (row < rows_here) {
+      copy_async_16(destination, args.q + 2 * (query_row_offset(args, batch_index, first_row + row) + dim));
+    } else {
+      *reinterpret_cast<uint4*>(destination) = make_uint4(0, 0, 0, 0);
+    }
   }
-  auto destination = [&](int j) {
-    const int unit = threadIdx.x + j * kThreads;
-    return query + tile_offset<kLines>(unit / kUnitsPerLine, (unit % kUnitsPerLine) * 8);
-  };
-  float logit_factor = 1.0f;
-  if constexpr (kMode == QueryLoad::kBf16ToHalf) {
-    __shared__ int largest_bits;  // max |q| of the tile, as the bits of a non-negative float
-    uint4 values[kUnitsPerThread];
-    float largest = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) {
-      values[j] = offsets[j] >= 0 ? *reinterpret_cast<const uint4*>(args.q + 2 * offsets[j]) : make_uint4(0, 0, 0, 0);
-      raise_to_largest_finite_bf16(largest, values[j]);
-    }
-    if (threadIdx.x == 0) largest_bits = 0;
-    sync_named(barrier, kThreads);
-    atomicMax(&largest_bits, __float_as_int(largest));  // non-negative floats order as their bits
-    sync_named(barrier, kThreads);
-    const float amax = __int_as_float(largest_bits);
-    const int shift = amax > 0.0f ? max(-126, ilogbf(amax) - 14) : 0;  // <= 127 - 14
-    const float down = __int_as_float((127 - shift) << 23);  // 2^-shift, exact
-    logit_factor = __int_as_float((127 + shift) << 23);
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) {
-      const uint32_t words[4] = {values[j].x, values[j].y, values[j].z, values[j].w};
-      uint32_t packed[4];
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        packed[w] = pack_two<true>(__uint_as_float(words[w] << 16) * down, __uint_as_float(words[w] & 0xffff0000u) * down);
-      }
-      *reinterpret_cast<uint4*>(destination(j)) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) {
-      if (offsets[j] >= 0) {
-        copy_async_16(destination(j), args.q + 2 * offsets[j]);
-      } else {
-        *reinterpret_cast<uint4*>(destination(j)) = make_uint4(0, 0, 0, 0);
-      }
-    }
-    commit_async_copies();
-    wait_async_copies<0>();
-  }
+  commit_async_copies();
+  wait_async_copies<0>();
   fence_shared_for_async_proxy();
   sync_named(barrier, kThreads);
-  return logit_factor;
 }
 
 // Every split kernel's first step: the loads that need nothing but the kernel arguments start
@@ -226,10 +117,9 @@ __device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, 
 // Issues a split's key tiles by TMA (one thread): reads the block-table entries of a tile's
 // pages (only pages that hold keys of the sequence: entries past its end may be garbage) and
 // issues one box per kBoxDims dims per page, counted on the barrier `issue` is given. Block b of
-// stage s lands at stages + s * kStageStride + b * kBlockStride (by default packed; the
-// alternating kernel's FP8 tiles in the upper 40 KB of a 16-bit stage, see
-// widen_key_tile_in_place). kBoxDims: 64, or 128 for the alternating kernel's FP8 raw tiles
-// (wide_raw_offset), whose last box reads dims 576..639 past the row's end as zeros.
+// stage s lands at stages + s * kStageStride + b * kBlockStride (by default packed). kBoxDims: 64,
+// or 128 for the alternating kernel's FP8 raw tiles (wide_raw_offset), whose last box reads dims
+// 576..639 past the row's end as zeros.
 template <bool kFp8Cache, int kBlockStride = kTileKeys * (kFp8Cache ? 64 : 128), int kStageStride = kDimBlocks * kBlockStride,
           int kBoxDims = 64>
 struct KeyTileLoader {
@@ -323,42 +213,6 @@ __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, 
   }
 }
 
-// The alternating kernel's producer warpgroup with an FP8 cache (kAlternatingProducerThreads threads,
-// `thread` 0..127; thread 0 also issues the loads): two 16-bit stages, each tile landed raw
-// (on `landed`) and widened in place, then `full` (kAlternatingProducerThreads arrivals). Refills follow
-// the consumers' pairs: tile a's stage comes back only after tile b's scores, i.e. after b
-// is widened, so once the pair's second tile is widened thread 0 waits for both stages and
-// issues the next pair (its first tile first).
-template <bool kHalf>
-__device__ __forceinline__ void load_and_widen_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
-                                                         const int32_t* table_row, const KeyRange& range,
-                                                         uint8_t* stages, uint64_t* landed, uint64_t* full,
-                                                         uint64_t* empty, int thread, int barrier) {
-  KeyTileLoader<true, kWideRawBlockBytes, kTileBlockBytes, kWideRawBoxDims> loader(cache_map, args, table_row, range,
-                                                                                   stages + kRawInStageOffset);
-  if (thread == 0) {
-    loader.read_pages(0);
-    loader.issue(0, 0, &landed[0]);
-    if (range.tiles > 1) loader.read_pages(1);
-  }
-  for (int tile = 0; tile < range.tiles; ++tile) {
-    mbarrier_wait(&landed[tile % 2], (tile / 2) % 2);
-    // Tile 1 only once tile 0 has landed (see produce_key_tiles).
-    if (tile == 0 && thread == 0 && range.tiles > 1) loader.issue(1, 1, &landed[1]);
-    widen_key_tile_in_place<kHalf>(stages + (tile % 2) * kTileBlockBytes, thread, barrier);
-    fence_shared_for_async_proxy();  // the consumers' wgmma reads the tile
-    mbarrier_arrive(&full[tile % 2]);
-    if (thread == 0 && tile % 2 == 1) {
-#pragma unroll 1
-      for (int next = tile + 1; next <= tile + 2 && next < range.tiles; ++next) {
-        loader.read_pages(next);
-        mbarrier_wait(&empty[next % 2], (next / 2 - 1) % 2);
-        loader.issue(next, next % 2, &landed[next % 2]);
-      }
-    }
-  }
-}
-
 // Keeps the compiler from moving reads of wgmma accumulators above the wait that makes them
 // valid (the wait names no registers).
 template <int kCount>
@@ -421,14 +275,7 @@ constexpr int kAlternatingThreads = kConsumerThreads + kAlternatingProducerThrea
 // Registers per thread after the role split (setmaxnreg): 2 x 128 x 240 + 128 x 24 = 63 K.
 // The consumers hold 128 fp32 output accumulators each; the producer needs a handful.
 constexpr int kConsumerRegisters = 240, kProducerRegisters = 24;
-// With an FP8 cache the producer warpgroup also widens, holding two 64-dim blocks
-// of raw bytes (with 40 registers it spilled, 2-6% slower): 2 x 128 x 224 + 128 x 56 also fills
-// the 168 x 384 of the launch (240 + 32 hung: register_split_fits).
-constexpr int kFp8ConsumerRegisters = 224, kFp8ProducerRegisters = 56;
-static_assert(register_split_fits(kAlternatingThreads, kConsumerThreads, kConsumerRegisters, 128,
-                                  kProducerRegisters) &&
-                  register_split_fits(kAlternatingThreads, kConsumerThreads, kFp8ConsumerRegisters, 128,
-                                      kFp8ProducerRegisters),
+static_assert(register_split_fits(kAlternatingThreads, kConsumerThreads, kConsumerRegisters, 128, kProducerRegisters),
               "the consumers' setmaxnreg.inc must be satisfiable");
 
 // The m64k16 A fragment of Q for k step `step` (dims 16 step ..), as wgmma takes A from

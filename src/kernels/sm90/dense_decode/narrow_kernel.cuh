@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     if constexpr (kFp8Cache) {
       load_e4m3_query_rows<kRows, kNarrowGroupThreads, !kFp8Q>(args, batch_index, 0, rows_here, query, row_factors, 1);
     } else {
-      load_query_tile<kHalf, QueryLoad::kCopy, kRows, kNarrowGroupThreads>(args, batch_index, 0, rows_here, query, 1);
+      load_query_tile<kRows, kNarrowGroupThreads>(args, batch_index, 0, rows_here, query, 1);
     }
   }
   consumers.sync();

@@ -107,24 +107,6 @@ __device__ __forceinline__ uint32_t pack_two(float first, float second) {
   }
 }
 
-// 8 FP8 E4M3 values -> 8 16-bit values (exact: every e4m3 value is a bf16 and an fp16 value).
-template <bool kHalf>
-__device__ __forceinline__ uint4 widen_fp8x8(uint2 bytes) {
-  uint32_t packed[4];
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const uint32_t word = w < 2 ? bytes.x : bytes.y;
-    const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> (16 * (w % 2))), __NV_E4M3);
-    if constexpr (kHalf) {
-      packed[w] = uint32_t(pair.x) | (uint32_t(pair.y) << 16);  // one cvt per pair
-    } else {
-      const float2 values = __half22float2(*reinterpret_cast<const __half2*>(&pair));
-      packed[w] = pack_two<kHalf>(values.x, values.y);
-    }
-  }
-  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
-}
-
 // Key tiles of a request of `length` keys.
 __device__ __forceinline__ int key_tiles_of(int length) { return (length + kTileKeys - 1) / kTileKeys; }
 
