@@ -222,7 +222,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   const int thread_in_warpgroup = threadIdx.x % 128;
   const int row0 = 16 * warp + lane / 4;  // this thread's accumulator rows: row0, row0 + 8
   // The logits' scale (base 2) of rows row0, row0 + 8: a bf16 q split into e4m3 parts carries a
-  // factor 2^s per row.
+  // factor 2^s per row (the other kernels read only [0]: one register fewer, which the 16-bit
+  // kernel, at its register limit, needs).
   float logit_scale[2] = {args.logit_scale_log2, args.logit_scale_log2};
   if constexpr (kRawKeys) {
     float* row_factors = kSplitQuery ? reinterpret_cast<float*>(shared + Layout::kRowFactors) : nullptr;
@@ -378,7 +379,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       if constexpr (kFp8Cache) {  // the vote of own_softmax measured 1-2% slower for these kernels
         tile_max[half] = max_over_quad(tile_max[half]);
       }
-      tile_max[half] *= logit_scale[half];
+      tile_max[half] *= logit_scale[kSplitQuery ? half : 0];
     }
   };
 
@@ -430,8 +431,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 #pragma unroll
     for (int i = 0; i < 32; i += 2) {
       const int half = (i / 2) % 2;
-      const float first = fast_exp2(fmaf(scores[i], logit_scale[half], -reference[half]));
-      const float second = fast_exp2(fmaf(scores[i + 1], logit_scale[half], -reference[half]));
+      const float first = fast_exp2(fmaf(scores[i], logit_scale[kSplitQuery ? half : 0], -reference[half]));
+      const float second = fast_exp2(fmaf(scores[i + 1], logit_scale[kSplitQuery ? half : 0], -reference[half]));
       running_sum[half] += first + second;
       probabilities[i / 8][(i % 8) / 2] = pack_two<kHalf>(first, second);
     }
@@ -549,6 +550,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       // (The owner waited for the tile in tile_scores; the other warpgroup came through the publish
       // handoff, and waits too, so that the TMA's bytes are visible to it.)
       mbarrier_wait(&full[tile % kStages], (tile / kStages) % 2);
+      static_assert(kEarlyValueBatches <= 2, "two buffers");
 #pragma unroll
       for (int batch = 0; batch < kEarlyValueBatches; ++batch) load_value_batch(tile, batch);
 #pragma unroll
@@ -575,10 +577,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   // once the last fragments are in registers).
   auto finish_value_product = [&](int tile) {
     if constexpr (kRawKeys) {
-      static_assert(kEarlyValueBatches == 2, "a batch waits for the one two before it (two buffers)");
 #pragma unroll
       for (int batch = kEarlyValueBatches; batch < kValueBatches; ++batch) {
-        wgmma_wait<1>();
+        if (batch >= 2) wgmma_wait<1>();  // batch - 2 is done: its buffer is free
         load_value_batch(tile, batch);
         issue_value_batch(tile, batch);
       }
