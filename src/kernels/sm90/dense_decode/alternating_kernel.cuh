@@ -518,15 +518,19 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   // kRawKeys: O^T += V^T P^T for this warpgroup's 256 value dims over tile `tile`: 16 wgmma
   // m64n64k16 (4 M tiles x 4 k steps) in kValueBatches batches of 2 M tiles x 2 k steps (one
   // ldmatrix.x4 per M tile, WideValueFragments), both P read from shared memory. Consecutive
-  // batches chain no accumulator; each batch's fragments are widened while the previous one runs
-  // (two buffers: the registers of a batch in flight must stay untouched).
-  constexpr int kValueBatches = 4, kEarlyValueBatches = 2;
-  uint32_t value_fragments[2][4][4];  // [buffer][wgmma of the batch][register]
+  // batches chain no accumulator; each batch's fragments are widened while earlier ones run
+  // (kValueBuffers buffers: the registers of a batch in flight must stay untouched).
+  // value_product issues the first kEarlyValueBatches batches, finish_value_product the rest:
+  // warpgroup 1 runs softmax b in between, on the pair's chain, so fewer early batches start it
+  // sooner (H100 cycles against 2 early batches: 0 / 1 early: fp8 q D1 Hq128 0.975 / 0.989, D2
+  // Hq64 0.973 / 0.995; bf16 q 0.938 / 0.924, 0.962 / 0.956; perf log session 24).
+  constexpr int kValueBatches = 4, kValueBuffers = 2, kEarlyValueBatches = kSplitQuery ? 1 : 0;
+  uint32_t value_fragments[kValueBuffers][4][4];  // [buffer][wgmma of the batch][register]
   const WideValueFragments value_reader(warpgroup, warp, lane);
   auto load_value_batch = [&](int tile, int batch) {
     const uint8_t* raw = stages + (tile % kStages) * kWideRawStageBytes;
     const int half = batch / 2, first_tile = 2 * (batch % 2);
-    uint32_t(&into)[4][4] = value_fragments[batch % 2];
+    uint32_t(&into)[4][4] = value_fragments[batch % kValueBuffers];
     value_reader.load(raw, first_tile, half, into[0], into[1]);
     value_reader.load(raw, first_tile + 1, half, into[2], into[3]);
   };
@@ -537,7 +541,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       wgmma_64x64x16_a_registers<true>(*reinterpret_cast<float(*)[32]>(output + 32 * (first_tile + j / 2)),
-                                       value_fragments[batch % 2][j],
+                                       value_fragments[batch % kValueBuffers][j],
                                        advance_descriptor(probability_descriptor, 32 * (2 * half + j % 2)), true);
     }
     wgmma_commit();
@@ -550,7 +554,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       // (The owner waited for the tile in tile_scores; the other warpgroup came through the publish
       // handoff, and waits too, so that the TMA's bytes are visible to it.)
       mbarrier_wait(&full[tile % kStages], (tile / kStages) % 2);
-      static_assert(kEarlyValueBatches <= 2, "two buffers");
+      static_assert(kEarlyValueBatches <= kValueBuffers, "an early batch needs a free buffer");
 #pragma unroll
       for (int batch = 0; batch < kEarlyValueBatches; ++batch) load_value_batch(tile, batch);
 #pragma unroll
@@ -579,7 +583,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     if constexpr (kRawKeys) {
 #pragma unroll
       for (int batch = kEarlyValueBatches; batch < kValueBatches; ++batch) {
-        if (batch >= 2) wgmma_wait<1>();  // batch - 2 is done: its buffer is free
+        if (batch >= kValueBuffers) wgmma_wait<kValueBuffers - 1>();  // its buffer's last batch is done
         load_value_batch(tile, batch);
         issue_value_batch(tile, batch);
       }
