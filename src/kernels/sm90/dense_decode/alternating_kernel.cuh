@@ -261,9 +261,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   const int value_block = 4 * warpgroup;  // first of this warpgroup's 4 blocks of 64 value columns
 
   // S = Q K^T for tile `tile` (stage tile % kStages), masked (unscaled); returns in tile_max,
-  // scaled (base 2), the row maxima with an FP8 cache, else this thread's maxima over its 16 keys
-  // of each of its rows (own_softmax takes the row's only if it needs it). The stages' slots past
-  // the sequence end are zeroed after S.
+  // scaled (base 2), this thread's maxima over its 16 keys of each of its rows (own_softmax takes
+  // the row's only if it needs it). The stages' slots past the sequence end are zeroed after S.
   float scores[32];
   auto tile_scores = [&](int tile, float (&tile_max)[2]) {
     const int first_key = range.begin + tile * kTileKeys;
@@ -375,12 +374,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       }
     }
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if constexpr (kFp8Cache) {  // the vote of own_softmax measured 1-2% slower for these kernels
-        tile_max[half] = max_over_quad(tile_max[half]);
-      }
-      tile_max[half] *= logit_scale[kSplitQuery ? half : 0];
-    }
+    for (int half = 0; half < 2; ++half) tile_max[half] *= logit_scale[kSplitQuery ? half : 0];
   };
 
   // Softmax of the own tile against the running maximum: P in registers (wgmma A fragments:
@@ -393,28 +387,22 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     // warpgroups skip the rescale of their 128 output accumulators, which sits on the pair's chain
     // (adopt, then O += P V).
     // A 16-bit p <= 2^8 keeps its relative precision and the fp32 sums have range to spare.
-    // 16-bit caches: a row's maximum over its quad takes two shuffle rounds, and shuffles queue
-    // behind the other warpgroup's S, whose operands stream through shared memory (softmax a:
-    // ~460 cycles a pair, ncu, perf log session 18). A reference can move only where some
-    // lane's own maximum passes it, so the warp votes first and shuffles only then (the result
-    // is the same): bf16 D1 Hq128 3-5% fewer cycles.
+    // A row's maximum over its quad takes two shuffle rounds, and shuffles queue behind the
+    // other warpgroup's S, whose operands stream through shared memory (softmax a: ~460 cycles a
+    // pair, ncu, perf log session 18). A reference can move only where some lane's own maximum
+    // passes it, so the warp votes first and shuffles only then (the result is the same): bf16
+    // D1 Hq128 3-5% fewer cycles, FP8 caches 1-2.5% (session 24; with the widening producer of
+    // before, 1-2% more).
+    // (A NaN tile maximum compares false and leaves the reference, as fmaxf would.)
     float new_max[2] = {running_max[0], running_max[1]};
-    if constexpr (kFp8Cache) {  // tile_max holds the row maxima (tile_scores)
-      // (A NaN tile maximum compares false and leaves the reference, as fmaxf would.)
+    bool passes = false;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) passes |= tile_max[half] > running_max[half] + kReferenceSlackLog2;
+    if (__any_sync(0xffffffffu, passes)) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
+        tile_max[half] = max_over_quad(tile_max[half]);
         if (tile_max[half] > running_max[half] + kReferenceSlackLog2) new_max[half] = tile_max[half];
-      }
-    } else {
-      bool passes = false;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) passes |= tile_max[half] > running_max[half] + kReferenceSlackLog2;
-      if (__any_sync(0xffffffffu, passes)) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          tile_max[half] = max_over_quad(tile_max[half]);
-          if (tile_max[half] > running_max[half] + kReferenceSlackLog2) new_max[half] = tile_max[half];
-        }
       }
     }
     float reference[2];
