@@ -524,12 +524,16 @@ const DecodeCase kCoveringCases[] = {
     {16, 2, 16, 4096, 64, true, true, kBf16, kFp8},
     {2, 3, 7, 140, 128, true, true, kBf16, kFp8},
     with({3, 1, 32, 4096, 32, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.query_magnitude = 1e5; }),
-    // > 32 rows with an FP8 cache (64-row tiles, widened in place): splits of 4 tiles wrap the
-    // two stages.
+    // > 32 rows with an FP8 cache (64-row tiles, three raw stages with a bf16 q): splits of 4
+    // tiles wrap the stages.
     {8, 4, 16, 4096, 64, true, true, kBf16, kFp8},
     // Logits reaching ~100 (log2 spread ~46): the softmax's lazy reference (alternating_kernel.cuh
-    // own_softmax) both lags the maximum (p up to 2^8 in fp16) and moves well into a sequence.
+    // own_softmax) both lags the maximum (p up to 2^8 in fp16) and moves well into a sequence;
+    // and S's e4m3 accumulation error (~1e-3 of |S|) is scaled up with the logits, in every FP8
+    // kernel: the 64-row one with a bf16 q and with an fp8 q, the narrow one (32 rows).
     with({2, 4, 16, 4096, 32, true, true, kBf16, kFp8}, [](DecodeCase& c) { c.softmax_scale = 2.0f; }),
+    with({2, 4, 16, 4096, 32, true, true, kFp8, kFp8}, [](DecodeCase& c) { c.softmax_scale = 2.0f; }),
+    with({2, 2, 16, 4096, 32, true, true, kBf16, kFp8}, [](DecodeCase& c) { c.softmax_scale = 2.0f; }),
     {4, 2, 64, 4096, 32, false, true, kFp8, kFp8},
     // fp8 q (q_descale 0.02), fp8 cache
     {1, 1, 128, 4096, 64, false, false, kFp8, kFp8},
