@@ -46,10 +46,10 @@
 // guards that keep a row without keys at output 0 and LSE -inf; the reference moves (and the
 // output is rescaled) only when a tile's maximum passes it by more than 2^8.
 // The output product is always 16-bit with fp32 accumulation (e4m3 widens exactly to fp16).
-// (Until session 23 an fp8 q with an FP8 cache ran O^T
-// on e4m3 tensor cores too, P stored as 2^8 p: the output's accumulation on FP8 tensor cores
-// keeps ~13 bits a step and drifted by 11-41% over long splits of values that share a
-// component: perf log session 23, docs/experiments/2026-11-27-fp8-qkv-e4m3-products.patch.)
+// (Until session 23 an fp8 q with an FP8 cache ran O^T on e4m3 tensor cores too, P stored as
+// 2^8 p: the output's accumulation on FP8 tensor cores keeps ~13 bits a step and drifted by
+// 11-41% over long splits of values that share a component: perf log session 23,
+// docs/experiments/2026-11-27-fp8-qkv-e4m3-products.patch.)
 // Epilogue: one split writes the 16-bit output and LSE directly; several splits write fp32
 // partial outputs and base-2 LSEs to the workspace for the combine kernel. The rows are staged
 // in the free key stages first, so that each warp stores whole rows (store_staged_rows; from the
