@@ -259,6 +259,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   const uint64_t query_descriptor = make_descriptor(query, 16, 1024);
   const int pairs = (range.tiles + 1) / 2;
   const int value_block = 4 * warpgroup;  // first of this warpgroup's 4 blocks of 64 value columns
+  // kRawKeys: tile `tile`'s raw stage, and the wait until its bytes have landed.
+  auto raw_tile = [&](int tile) { return stages + (tile % kStages) * kWideRawStageBytes; };
+  auto wait_for_raw_tile = [&](int tile) { mbarrier_wait(&full[tile % kStages], (tile / kStages) % 2); };
 
   // S = Q K^T for tile `tile` (stage tile % kStages), masked (unscaled); returns in tile_max,
   // scaled (base 2), this thread's maxima over its 16 keys of each of its rows (own_softmax takes
@@ -272,8 +275,8 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       // kScoreSegments segments of steps, each accumulated afresh and added in fp32: e4m3 wgmma
       // adds each step to its accumulator at reduced precision (~13 bits), and one chain of 18
       // steps moved the narrow kernel's LSEs by up to 8e-4 (1 + |LSE|).
-      uint8_t* keys = stages + (tile % kStages) * kWideRawStageBytes;
-      mbarrier_wait(&full[tile % kStages], (tile / kStages) % 2);
+      uint8_t* keys = raw_tile(tile);
+      wait_for_raw_tile(tile);
       const uint64_t fp8_query_descriptor = make_descriptor_64b(query, 512);
       const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);  // 128-byte swizzle (wide_raw_offset)
       constexpr int kScoreSegments = 2, kSegmentSteps = kHeadDim / 32 / kScoreSegments;
@@ -309,7 +312,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       // Slots past the sequence end: S's mask drops whatever they hold; the V^T fragments (this
       // warpgroup's, and the other's after the publish handoff) must read zeros.
       if (valid < kTileKeys) {
-        zero_wide_raw_value_lines(keys, valid, thread_in_warpgroup, 128);
+        zero_key_lines<kLatentDim / kWideRawBoxDims, kWideRawBoxDims>(keys, valid, thread_in_warpgroup, 128);
         sync_named(2 + warpgroup, 128);
       }
     } else {
@@ -350,7 +353,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
       // Slots past the sequence end: S's mask drops whatever they hold; O += P V (this
       // warpgroup's, and the other's after the publish handoff) must read zeros.
       if (valid < kTileKeys) {
-        zero_key_lines(keys, valid, thread_in_warpgroup, 128);
+        zero_key_lines<kDimBlocks, 128>(keys, valid, thread_in_warpgroup, 128);
         fence_shared_for_async_proxy();
         sync_named(2 + warpgroup, 128);
       }
@@ -516,7 +519,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   uint32_t value_fragments[kValueBuffers][4][4];  // [buffer][wgmma of the batch][register]
   const WideValueFragments value_reader(warpgroup, warp, lane);
   auto load_value_batch = [&](int tile, int batch) {
-    const uint8_t* raw = stages + (tile % kStages) * kWideRawStageBytes;
+    const uint8_t* raw = raw_tile(tile);
     const int half = batch / 2, first_tile = 2 * (batch % 2);
     uint32_t(&into)[4][4] = value_fragments[batch % kValueBuffers];
     value_reader.load(raw, first_tile, half, into[0], into[1]);
@@ -541,7 +544,7 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     if constexpr (kRawKeys) {
       // (The owner waited for the tile in tile_scores; the other warpgroup came through the publish
       // handoff, and waits too, so that the TMA's bytes are visible to it.)
-      mbarrier_wait(&full[tile % kStages], (tile / kStages) % 2);
+      wait_for_raw_tile(tile);
       static_assert(kEarlyValueBatches <= kValueBuffers, "an early batch needs a free buffer");
 #pragma unroll
       for (int batch = 0; batch < kEarlyValueBatches; ++batch) load_value_batch(tile, batch);

@@ -83,7 +83,7 @@ __host__ __device__ constexpr int value_dim_of_row(int tile, int row) {
   return 128 * (tile / 2) + 32 * (row / 16) + 4 * (row % 8) + 2 * (tile % 2) + (row / 8) % 2;
 }
 
-// The 64-row kernel with fp8 q (alternating_kernel.cuh, kRawKeys) computes O^T = V^T P^T: each
+// The 64-row kernel with an FP8 cache (alternating_kernel.cuh, kRawKeys) computes O^T = V^T P^T: each
 // consumer warpgroup owns 256 of the 512 value dims as 4 M tiles of 64 (wgmma m64n64k16 in fp16,
 // N = the 64 query rows, B = P^T: P as the softmax stores it, [row][key], K-major), so that V^T
 // is the A operand, which wgmma takes from registers: widened exactly from the wide raw tile
@@ -133,25 +133,5 @@ struct WideValueFragments {
     }
   }
 };
-
-// Key lines [first_invalid, 64) of the value blocks (dims 0..511) of a wide raw tile set to zero,
-// by `threads` threads (unused cache slots may hold NaN, which P = 0 would not cancel).
-__device__ __forceinline__ void zero_wide_raw_value_lines(uint8_t* raw, int first_invalid, int thread, int threads) {
-  constexpr int kUnitsPerLine = kLatentDim / 16;  // 16-byte units of the value blocks
-  for (int unit = thread; unit < (kTileKeys - first_invalid) * kUnitsPerLine; unit += threads) {
-    const int line = first_invalid + unit / kUnitsPerLine, rest = unit % kUnitsPerLine;
-    *reinterpret_cast<uint4*>(raw + (rest / 8) * kWideRawBlockBytes + line * 128 + (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
-  }
-}
-
-// Key lines [first_invalid, 64) of a raw FP8 tile set to zero (whole 64-byte lines: the swizzle
-// stays inside a line), by `threads` threads.
-__device__ __forceinline__ void zero_raw_key_lines(uint8_t* raw, int first_invalid, int thread, int threads) {
-  constexpr int kUnitsPerLine = kDimBlocks * 4;  // 16-byte units
-  for (int unit = thread; unit < (kTileKeys - first_invalid) * kUnitsPerLine; unit += threads) {
-    const int line = first_invalid + unit / kUnitsPerLine, rest = unit % kUnitsPerLine;
-    *reinterpret_cast<uint4*>(raw + (rest / 4) * kRawBlockBytes + line * 64 + (rest % 4) * 16) = make_uint4(0, 0, 0, 0);
-  }
-}
 
 }  // namespace openmla::kernels::sm90

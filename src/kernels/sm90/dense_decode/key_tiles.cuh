@@ -33,12 +33,17 @@ __device__ __forceinline__ int tile_offset(int line, int dim) {
   return (dim / 64) * (kLines * 128) + swizzled_offset(line, dim % 64);
 }
 
-// Key lines [first_invalid, 64) of a 16-bit tile set to zero, by `threads` threads.
+// Key lines [first_invalid, 64) set to zero in the first kBlocks blocks of [64 lines][kLineBytes]
+// of a key tile (16-bit tiles: 9 blocks of 128 bytes; the narrow kernel's raw FP8 tiles: 9 of 64;
+// the alternating kernel's wide raw tiles: 4 value blocks of 128), by `threads` threads. Whole
+// lines, so the swizzles (which permute chunks inside a line) do not matter.
+template <int kBlocks, int kLineBytes>
 __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid, int thread, int threads) {
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per line
-  for (int unit = thread; unit < (kTileKeys - first_invalid) * kChunks; unit += threads) {
-    const int line = first_invalid + unit / kChunks;
-    *reinterpret_cast<uint4*>(tile + tile_offset(line, (unit % kChunks) * 8)) = make_uint4(0, 0, 0, 0);
+  constexpr int kChunksPerLine = kLineBytes / 16, kUnitsPerLine = kBlocks * kChunksPerLine;  // 16-byte units
+  for (int unit = thread; unit < (kTileKeys - first_invalid) * kUnitsPerLine; unit += threads) {
+    const int line = first_invalid + unit / kUnitsPerLine, rest = unit % kUnitsPerLine;
+    *reinterpret_cast<uint4*>(tile + (rest / kChunksPerLine) * (kTileKeys * kLineBytes) + line * kLineBytes +
+                              (rest % kChunksPerLine) * 16) = make_uint4(0, 0, 0, 0);
   }
 }
 

@@ -270,9 +270,9 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     uint8_t* keys = stages + stage * Layout::kStageBytes;
     if (valid < kTileKeys) {
       if constexpr (kFp8Cache) {
-        zero_raw_key_lines(keys, valid, threadIdx.x % kNarrowGroupThreads, kNarrowGroupThreads);
+        zero_key_lines<kDimBlocks, 64>(keys, valid, threadIdx.x % kNarrowGroupThreads, kNarrowGroupThreads);
       } else {
-        zero_key_lines(keys, valid, threadIdx.x % kNarrowGroupThreads, kNarrowGroupThreads);
+        zero_key_lines<kDimBlocks, 128>(keys, valid, threadIdx.x % kNarrowGroupThreads, kNarrowGroupThreads);
       }
       fence_shared_for_async_proxy();
       sync_narrow_group(group);
