@@ -42,6 +42,15 @@
 // (bf16 q) raw stages of 40 KB, each released once both warpgroups have its fragments. H100
 // cycles against the producer warpgroup that widened each tile to fp16 in shared memory until
 // session 24: -30% with an fp8 q, -13..14% with a bf16 q (perf log session 24).
+// fp8 q and cache (kScoreWarpgroup, since session 25): the warpgroups do not take turns. A third
+// consumer warpgroup (512 threads) computes every tile's S and softmax and publishes P, the
+// rescale factors and a moved flag through two P buffers (published / consumed); warpgroups 0
+// and 1 only run O^T over their 256 value dims for every tile, each tile as soon as its P is
+// published. The pair's chain (softmax a -> handoff -> softmax b -> handoff) is gone: S and the
+// softmax of tile t + 1 run while the output warpgroups' O^T of tile t keeps the tensor pipe
+// busy. Registers (setmaxnreg) 192 for the output warpgroups, 104 for the score warpgroup:
+// H100 cycles -9..11% on every fp8-qkv case (perf log session 25). (A bf16 q's split S spills
+// in 104 registers: that path still alternates.)
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
 // guards that keep a row without keys at output 0 and LSE -inf; the reference moves (and the
 // output is rescaled) only when a tile's maximum passes it by more than 2^8.
@@ -77,7 +86,10 @@ constexpr float kReferenceSlackLog2 = 8.0f;
 // arrive on (release) and the other waits on (acquire), one phase per pair; the waiter passes
 // the phase number (the pair whose signal it needs).
 constexpr int kPublishedA = 0, kPublishedB = 1, kConsumedA = 2, kConsumedB = 3;
-constexpr int kSumsOf0 = 4, kSumsOf1 = 5;  // a warpgroup's row sums are in shared memory (once)
+// A warpgroup's row sums are in shared memory (once). kScoreWarpgroup: kSumsOf0 says the score
+// warpgroup's normalizers are, kSumsOf1 (256 arrivals) that both output warpgroups are past
+// their last tile.
+constexpr int kSumsOf0 = 4, kSumsOf1 = 5;
 constexpr int kRowsStaged = 6;              // both warpgroups' output rows (once; 256 arrivals)
 constexpr int kHandoffCount = 7;
 // A 16-bit tile lands in parts of 3 blocks of 64 dims, each on its own full barrier, so that S
@@ -140,11 +152,22 @@ struct AlternatingRawKeysLayout {
 template <bool kFp8Q, bool kFp8Cache>
 using AlternatingLayoutOf = std::conditional_t<kFp8Cache, AlternatingRawKeysLayout<!kFp8Q>, AlternatingLayout>;
 
+// fp8 q and cache (kScoreWarpgroup): a third consumer warpgroup computes every tile's S and
+// softmax, the two others only O^T over their 256 value dims each: 512 threads, registers after
+// setmaxnreg 2 x 128 x 192 (output) + 128 x 104 (scores) + 128 x 24 (producer) = 64 K.
+constexpr int kScoreRolesThreads = 512, kOutputRegisters = 192, kScoreRegisters = 104;
+static_assert((kOutputRegisters - 128) * 256 <= (128 - kScoreRegisters) * 128 + (128 - kProducerRegisters) * 128,
+              "the output warpgroups' setmaxnreg.inc must be satisfiable");
+template <bool kFp8Q, bool kFp8Cache>
+constexpr int alternating_threads() {
+  return kFp8Q && kFp8Cache ? kScoreRolesThreads : kAlternatingThreads;
+}
+
 // Named barriers (bar.sync ids; 0 is __syncthreads'): 1 both consumer warpgroups
 // (sync_consumers, the Q load), 2 + w consumer warpgroup w alone.
 
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
-__global__ void __launch_bounds__(kAlternatingThreads, 1)
+__global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
     dense_decode_alternating_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
   static_assert(kHalf || !kFp8Cache, "FP8 caches compute in fp16");
   static_assert(kFp8Cache || !kFp8Q, "an fp8 q comes with an FP8 cache");
@@ -152,6 +175,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   // widened in registers (fp8_fragments.cuh WideValueFragments).
   constexpr bool kRawKeys = kFp8Cache;
   constexpr bool kSplitQuery = kRawKeys && !kFp8Q;  // a bf16 q as two e4m3 parts
+  // fp8 q and cache: S and the softmax of every tile in warpgroup 2, O^T in warpgroups 0 and 1.
+  constexpr bool kScoreWarpgroup = kRawKeys && kFp8Q;
+  constexpr int kScoreGroup = 2;  // the score warpgroup's index
   using Layout = AlternatingLayoutOf<kFp8Q, kFp8Cache>;
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
@@ -197,15 +223,17 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   if (threadIdx.x == 0) {
     for (int handoff = 0; handoff < kHandoffCount; ++handoff) {
       // With O^T (kRawKeys) both warpgroups read both P buffers.
-      const bool both = handoff == kRowsStaged || (kRawKeys && (handoff == kConsumedA || handoff == kConsumedB));
+      const bool both = handoff == kRowsStaged || (kRawKeys && (handoff == kConsumedA || handoff == kConsumedB)) ||
+                        (kScoreWarpgroup && handoff == kSumsOf1);
       mbarrier_init(&handoffs[handoff], both ? kConsumerThreads : 128);
     }
   }
   init_stage_barriers(full, empty, kConsumerThreads, kStages, 1, kKeyParts);
   __syncthreads();
-  if (threadIdx.x >= kConsumerThreads) {  // the producer warpgroup
+  constexpr int kProducerStart = kScoreWarpgroup ? kScoreRolesThreads - 128 : kConsumerThreads;
+  if (threadIdx.x >= kProducerStart) {  // the producer warpgroup
     set_register_count<kProducerRegisters, false>();
-    if (threadIdx.x == kConsumerThreads) {
+    if (threadIdx.x == kProducerStart) {
       if constexpr (kRawKeys) {
         produce_key_tiles<true, kStages, 1, 1,
                           KeyTileLoader<true, kWideRawBlockBytes, kWideRawStageBytes, kWideRawBoxDims>>(
@@ -216,7 +244,9 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     }
     return;
   }
-  set_register_count<kConsumerRegisters, true>();
+  // (kScoreWarpgroup: each role resizes where its code starts, below, so that ptxas sees one
+  // register budget per path.)
+  if constexpr (!kScoreWarpgroup) set_register_count<kConsumerRegisters, true>();
 
   const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int thread_in_warpgroup = threadIdx.x % 128;
@@ -227,9 +257,16 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
   float logit_scale[2] = {args.logit_scale_log2, args.logit_scale_log2};
   if constexpr (kRawKeys) {
     float* row_factors = kSplitQuery ? reinterpret_cast<float*>(shared + Layout::kRowFactors) : nullptr;
-    load_e4m3_query_rows<kRowsPerTile, kConsumerThreads, kSplitQuery>(args, batch_index, first_row, rows_here, query,
-                                                                      row_factors, 1);
-    if constexpr (kSplitQuery) {
+    if constexpr (kScoreWarpgroup) {
+      if (warpgroup == kScoreGroup) {
+        load_e4m3_query_rows<kRowsPerTile, 128, kSplitQuery>(args, batch_index, first_row, rows_here, query,
+                                                             row_factors, 2 + kScoreGroup);
+      }
+    } else {
+      load_e4m3_query_rows<kRowsPerTile, kConsumerThreads, kSplitQuery>(args, batch_index, first_row, rows_here,
+                                                                        query, row_factors, 1);
+    }
+    if (kSplitQuery && (!kScoreWarpgroup || warpgroup == kScoreGroup)) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) logit_scale[half] *= row_factors[row0 + 8 * half];
     }
@@ -587,6 +624,88 @@ __global__ void __launch_bounds__(kAlternatingThreads, 1)
     fence_accumulators(output);
     mbarrier_arrive(&empty[tile % 2]);
   };
+
+  if constexpr (kScoreWarpgroup) {
+    // Tile t's P, factors and moved flag go through P buffer t % 2: published (the score
+    // warpgroup's 128 arrivals), consumed (both output warpgroups' 256).
+    float* normalizers = reinterpret_cast<float*>(shared + Layout::kSums);  // [64], at the end
+    const OutputDestination destination = output_destination(args, split);
+    if (warpgroup == kScoreGroup) {
+      set_register_count<kScoreRegisters, false>();
+      for (int tile = 0; tile < range.tiles; ++tile) {
+        const int which = tile % 2;
+        float tile_max[2], factor[2];
+        tile_scores(tile, tile_max);
+        own_softmax(tile_max, factor);
+        if (tile >= 2) await(which == 0 ? kConsumedA : kConsumedB, tile / 2 - 1);
+        uint8_t* buffer = probability_buffer(which);
+        const int row = 16 * warp + lane % 16;
+#pragma unroll
+        for (int step = 0; step < kTileKeys / 16; ++step) {
+          store_matrices_x4(buffer + swizzled_offset(row, 8 * (2 * step + lane / 16)), probabilities[step]);
+        }
+        if (lane % 4 == 0) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) factors(which)[row0 + 8 * half] = factor[half];
+        }
+        const bool moved = sync_named_any(2 + kScoreGroup, 128, own_rows_moved);
+        if (thread_in_warpgroup == 0) moved_flags[which] = moved;
+        fence_shared_for_async_proxy();
+        signal(which == 0 ? kPublishedA : kPublishedB);
+      }
+      sum_over_quad(running_sum);
+      if (lane % 4 == 0) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = row0 + 8 * half;
+          const float sum = running_sum[half];
+          const bool empty_row = sum == 0.0f || row >= rows_here;
+          normalizers[row] = empty_row ? 0.0f : args.value_scale / sum;
+          if (row < rows_here) {
+            store_row_lse(args, destination, batch_index, first_row + row,
+                          empty_row ? -INFINITY : running_max[half] + log2f(sum));
+          }
+        }
+      }
+      signal(kSumsOf0);
+      return;
+    }
+    set_register_count<kOutputRegisters, true>();
+#pragma unroll
+    for (int i = 0; i < 128; ++i) output[i] = 0.0f;
+    for (int tile = 0; tile < range.tiles; ++tile) {
+      const int which = tile % 2;
+      await(which == 0 ? kPublishedA : kPublishedB, tile / 2);
+      columns_moved = moved_flags[which] != 0;
+      columns_of = which;
+      rescale_output(/*factor (16-bit caches only)=*/{1.0f, 1.0f});
+      wait_for_raw_tile(tile);  // (the TMA's bytes visible to this warpgroup too)
+#pragma unroll
+      for (int batch = 0; batch < kValueBatches; ++batch) {
+        if (batch >= kValueBuffers) wgmma_wait<kValueBuffers - 1>();
+        load_value_batch(tile, batch);
+        issue_value_batch(tile, batch);
+      }
+      mbarrier_arrive(&empty[tile % kStages]);
+      wgmma_wait<0>();
+      fence_accumulators(output);
+      signal(which == 0 ? kConsumedA : kConsumedB);
+    }
+    signal(kSumsOf1);  // both output warpgroups past their last tile: the key stages are free
+    await(kSumsOf1, 0);
+    await(kSumsOf0, 0);  // the score warpgroup's normalizers
+    float* staged = reinterpret_cast<float*>(shared + Layout::kKeys);
+    int64_t* row_offsets = reinterpret_cast<int64_t*>(shared + Layout::kKeys + kAlternatingStagedRowOffsets);
+    if (threadIdx.x < rows_here) {
+      row_offsets[threadIdx.x] = destination_row_offset(args, destination, batch_index, first_row + threadIdx.x);
+    }
+    stage_transposed_output(warpgroup, lane, row0, output, normalizers, staged);
+    signal(kRowsStaged);
+    await(kRowsStaged, 0);
+    store_staged_rows<1, kAlternatingStagedRowFloats, 0>(args, destination, staged, row_offsets, rows_here, threadIdx.x,
+                                                         kConsumerThreads);
+    return;
+  }
 
   for (int pair = 0; pair < pairs; ++pair) {
     const int tile_a = 2 * pair, tile_b = tile_a + 1;

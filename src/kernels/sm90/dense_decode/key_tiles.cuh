@@ -313,6 +313,31 @@ __host__ __device__ constexpr int transposed_value_dim(int warpgroup, int tile, 
   return 256 * warpgroup + 64 * tile + 16 * (row / 16) + 2 * (row % 8) + (row / 8) % 2;
 }
 
+// Stages a warpgroup's O^T (4 M tiles of m64n64 accumulators: its 256 value dims as M,
+// transposed_value_dim; the 64 query rows as N) into the rows of `staged`
+// ([64][kAlternatingStagedRowFloats]), each row times its normalizer (`normalizers`: [64], in
+// shared memory).
+__device__ __forceinline__ void stage_transposed_output(int warpgroup, int lane, int row0, const float (&output)[128],
+                                                        const float* normalizers, float* staged) {
+  static_assert(transposed_value_dim(0, 0, 8) == transposed_value_dim(0, 0, 0) + 1, "rows g, g + 8: adjacent dims");
+  // Accumulator i of M tile m: M row row0 + 8 ((i / 2) % 2) (accumulator_row), whose dims are
+  // adjacent, and query row 8 (i / 4) + 2 (lane % 4) + i % 2 (accumulator_column).
+#pragma unroll
+  for (int m = 0; m < kOutputTilesPerWarpgroup; ++m) {
+    const int dim = transposed_value_dim(warpgroup, m, row0);
+#pragma unroll
+    for (int i = 0; i < 32; i += 4) {
+#pragma unroll
+      for (int parity = 0; parity < 2; ++parity) {
+        const int row = 8 * (i / 4) + 2 * (lane % 4) + parity;
+        const float normalizer = normalizers[row];
+        *reinterpret_cast<float2*>(staged + row * kAlternatingStagedRowFloats + dim) =
+            make_float2(output[32 * m + i + parity] * normalizer, output[32 * m + i + 2 + parity] * normalizer);
+      }
+    }
+  }
+}
+
 // The alternating kernel's epilogue, first part, by each consumer warpgroup (every tile
 // consumed by both, so that the key stages are free for `staging`): it holds O for its 256 value
 // columns and, for rows row0 and row0 + 8 of its warp, the running maximum and the row sums over
@@ -356,23 +381,7 @@ __device__ __forceinline__ void stage_alternating_output(const SplitArgs& args, 
   }
   if constexpr (kTransposed) {
     sync_named(2 + warpgroup, 128);  // this warpgroup's normalizers
-    static_assert(transposed_value_dim(0, 0, 8) == transposed_value_dim(0, 0, 0) + 1, "rows g, g + 8: adjacent dims");
-    // Accumulator i of M tile m: M row row0 + 8 ((i / 2) % 2) (accumulator_row), whose dims are
-    // adjacent, and query row 8 (i / 4) + 2 (lane % 4) + i % 2 (accumulator_column).
-#pragma unroll
-    for (int m = 0; m < kOutputTilesPerWarpgroup; ++m) {
-      const int dim = transposed_value_dim(warpgroup, m, row0);
-#pragma unroll
-      for (int i = 0; i < 32; i += 4) {
-#pragma unroll
-        for (int parity = 0; parity < 2; ++parity) {
-          const int row = 8 * (i / 4) + 2 * (lane % 4) + parity;
-          const float normalizer = normalizers[row];
-          *reinterpret_cast<float2*>(staged + row * kAlternatingStagedRowFloats + dim) =
-              make_float2(output[32 * m + i + parity] * normalizer, output[32 * m + i + 2 + parity] * normalizer);
-        }
-      }
-    }
+    stage_transposed_output(warpgroup, lane, row0, output, normalizers, staged);
   }
 }
 
