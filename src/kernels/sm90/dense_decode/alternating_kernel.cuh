@@ -472,21 +472,24 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
   int columns_of = 0;
   int* moved_flags = nullptr;
   if constexpr (kRawKeys) moved_flags = reinterpret_cast<int*>(shared + Layout::kMovedFlags);
-  // P, the new maxima and the factor that rescales everything before the own tile, into shared
-  // memory for the other warpgroup.
-  auto publish = [&](int pair, const float (&factor)[2]) {
-    if (pair > 0) await(warpgroup == 0 ? kConsumedA : kConsumedB, pair - 1);  // our previous P was read
-    uint8_t* buffer = probability_buffer(warpgroup);
-    // stmatrix (one instruction per k step instead of 4 stores and their addresses, on the pair's
-    // chain): step k's 4 registers are 8 x 8 blocks of 16-bit pairs, rows row0 / row0 + 8 x the
-    // 16-byte chunks 2 k / 2 k + 1 of the row (keys 16 k .. + 7 / + 8 .. + 15); lane l addresses
-    // row l % 16 of the warp's 16 in chunk 2 k + l / 16.
+  // The own P into `buffer` ([64 rows][64 keys], 16-bit, 128-byte swizzle). stmatrix (one
+  // instruction per k step instead of 4 stores and their addresses, on the pair's chain): step
+  // k's 4 registers are 8 x 8 blocks of 16-bit pairs, rows row0 / row0 + 8 x the 16-byte chunks
+  // 2 k / 2 k + 1 of the row (keys 16 k .. + 7 / + 8 .. + 15); lane l addresses row l % 16 of the
+  // warp's 16 in chunk 2 k + l / 16.
+  auto store_probabilities = [&](uint8_t* buffer) {
     const int row = 16 * warp + lane % 16;
 #pragma unroll
     for (int step = 0; step < kTileKeys / 16; ++step) {
       const int chunk = 2 * step + lane / 16;
       store_matrices_x4(buffer + swizzled_offset(row, 8 * chunk), probabilities[step]);
     }
+  };
+  // P, the new maxima and the factor that rescales everything before the own tile, into shared
+  // memory for the other warpgroup.
+  auto publish = [&](int pair, const float (&factor)[2]) {
+    if (pair > 0) await(warpgroup == 0 ? kConsumedA : kConsumedB, pair - 1);  // our previous P was read
+    store_probabilities(probability_buffer(warpgroup));
     __syncwarp();  // the quad's reads of the previous maxima come first
     if (lane % 4 == 0) {
 #pragma unroll
@@ -638,12 +641,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
         tile_scores(tile, tile_max);
         own_softmax(tile_max, factor);
         if (tile >= 2) await(which == 0 ? kConsumedA : kConsumedB, tile / 2 - 1);
-        uint8_t* buffer = probability_buffer(which);
-        const int row = 16 * warp + lane % 16;
-#pragma unroll
-        for (int step = 0; step < kTileKeys / 16; ++step) {
-          store_matrices_x4(buffer + swizzled_offset(row, 8 * (2 * step + lane / 16)), probabilities[step]);
-        }
+        store_probabilities(probability_buffer(which));
         if (lane % 4 == 0) {
 #pragma unroll
           for (int half = 0; half < 2; ++half) factors(which)[row0 + 8 * half] = factor[half];
@@ -679,16 +677,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
       columns_moved = moved_flags[which] != 0;
       columns_of = which;
       rescale_output(/*factor (16-bit caches only)=*/{1.0f, 1.0f});
-      wait_for_raw_tile(tile);  // (the TMA's bytes visible to this warpgroup too)
-#pragma unroll
-      for (int batch = 0; batch < kValueBatches; ++batch) {
-        if (batch >= kValueBuffers) wgmma_wait<kValueBuffers - 1>();
-        load_value_batch(tile, batch);
-        issue_value_batch(tile, batch);
-      }
-      mbarrier_arrive(&empty[tile % kStages]);
-      wgmma_wait<0>();
-      fence_accumulators(output);
+      value_product(tile, false);
+      finish_value_product(tile);
       signal(which == 0 ? kConsumedA : kConsumedB);
     }
     signal(kSumsOf1);  // both output warpgroups past their last tile: the key stages are free
