@@ -42,15 +42,16 @@
 // (bf16 q) raw stages of 40 KB, each released once both warpgroups have its fragments. H100
 // cycles against the producer warpgroup that widened each tile to fp16 in shared memory until
 // session 24: -30% with an fp8 q, -13..14% with a bf16 q (perf log session 24).
-// fp8 q and cache (kScoreWarpgroup, since session 25): the warpgroups do not take turns. A third
+// FP8 cache (kScoreWarpgroup, since session 25): the warpgroups do not take turns. A third
 // consumer warpgroup (512 threads) computes every tile's S and softmax and publishes P, the
 // rescale factors and a moved flag through two P buffers (published / consumed); warpgroups 0
 // and 1 only run O^T over their 256 value dims for every tile, each tile as soon as its P is
 // published. The pair's chain (softmax a -> handoff -> softmax b -> handoff) is gone: S and the
 // softmax of tile t + 1 run while the output warpgroups' O^T of tile t keeps the tensor pipe
 // busy. Registers (setmaxnreg) 192 for the output warpgroups, 104 for the score warpgroup:
-// H100 cycles -9..11% on every fp8-qkv case (perf log session 25). (A bf16 q's split S spills
-// in 104 registers: that path still alternates.)
+// H100 cycles -9..11% on every fp8-qkv case (perf log session 25). A bf16 q (since session 26):
+// the output warpgroups load its e4m3 parts (in the score warpgroup's 104 registers that load
+// spilled); H100 cycles -8..10% on every FP8 case with a bf16 q.
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
 // guards that keep a row without keys at output 0 and LSE -inf; the reference moves (and the
 // output is rescaled) only when a tile's maximum passes it by more than 2^8.
@@ -152,7 +153,7 @@ struct AlternatingRawKeysLayout {
 template <bool kFp8Q, bool kFp8Cache>
 using AlternatingLayoutOf = std::conditional_t<kFp8Cache, AlternatingRawKeysLayout<!kFp8Q>, AlternatingLayout>;
 
-// fp8 q and cache (kScoreWarpgroup): a third consumer warpgroup computes every tile's S and
+// FP8 cache (kScoreWarpgroup): a third consumer warpgroup computes every tile's S and
 // softmax, the two others only O^T over their 256 value dims each: 512 threads, registers after
 // setmaxnreg 2 x 128 x 192 (output) + 128 x 104 (scores) + 128 x 24 (producer) = 64 K.
 constexpr int kScoreRolesThreads = 512, kOutputRegisters = 192, kScoreRegisters = 104;
@@ -160,7 +161,7 @@ static_assert((kOutputRegisters - 128) * 256 <= (128 - kScoreRegisters) * 128 + 
               "the output warpgroups' setmaxnreg.inc must be satisfiable");
 template <bool kFp8Q, bool kFp8Cache>
 constexpr int alternating_threads() {
-  return kFp8Q && kFp8Cache ? kScoreRolesThreads : kAlternatingThreads;
+  return kFp8Cache ? kScoreRolesThreads : kAlternatingThreads;
 }
 
 // Named barriers (bar.sync ids; 0 is __syncthreads'): 1 both consumer warpgroups
@@ -175,8 +176,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
   // widened in registers (fp8_fragments.cuh WideValueFragments).
   constexpr bool kRawKeys = kFp8Cache;
   constexpr bool kSplitQuery = kRawKeys && !kFp8Q;  // a bf16 q as two e4m3 parts
-  // fp8 q and cache: S and the softmax of every tile in warpgroup 2, O^T in warpgroups 0 and 1.
-  constexpr bool kScoreWarpgroup = kRawKeys && kFp8Q;
+  // FP8 caches: S and the softmax of every tile in warpgroup 2, O^T in warpgroups 0 and 1.
+  constexpr bool kScoreWarpgroup = kRawKeys;
   constexpr int kScoreGroup = 2;  // the score warpgroup's index
   using Layout = AlternatingLayoutOf<kFp8Q, kFp8Cache>;
   extern __shared__ uint8_t raw_shared[];
@@ -257,18 +258,13 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
   float logit_scale[2] = {args.logit_scale_log2, args.logit_scale_log2};
   if constexpr (kRawKeys) {
     float* row_factors = kSplitQuery ? reinterpret_cast<float*>(shared + Layout::kRowFactors) : nullptr;
-    if constexpr (kScoreWarpgroup) {
-      if (warpgroup == kScoreGroup) {
-        load_e4m3_query_rows<kRowsPerTile, 128, kSplitQuery>(args, batch_index, first_row, rows_here, query,
-                                                             row_factors, 2 + kScoreGroup);
-      }
-    } else {
+    if constexpr (!kScoreWarpgroup) {  // (kScoreWarpgroup: in the role branches below)
       load_e4m3_query_rows<kRowsPerTile, kConsumerThreads, kSplitQuery>(args, batch_index, first_row, rows_here,
                                                                         query, row_factors, 1);
-    }
-    if (kSplitQuery && (!kScoreWarpgroup || warpgroup == kScoreGroup)) {
+      if constexpr (kSplitQuery) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) logit_scale[half] *= row_factors[row0 + 8 * half];
+        for (int half = 0; half < 2; ++half) logit_scale[half] *= row_factors[row0 + 8 * half];
+      }
     }
   } else {
     load_query_tile<kRowsPerTile, kConsumerThreads>(args, batch_index, first_row, rows_here, query, 1);
@@ -633,8 +629,17 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
     // warpgroup's 128 arrivals), consumed (both output warpgroups' 256).
     float* normalizers = reinterpret_cast<float*>(shared + Layout::kSums);  // [64], at the end
     const OutputDestination destination = output_destination(args, split);
+    // The output warpgroups load Q (with the score warpgroup's 128 threads alone, a bf16 q's
+    // loads, all in flight at once, take 144 registers per thread), then all three meet.
+    constexpr int kQueryLoaded = 5;  // named barrier: the 384 consumer threads
+    float* row_factors = kSplitQuery ? reinterpret_cast<float*>(shared + Layout::kRowFactors) : nullptr;
     if (warpgroup == kScoreGroup) {
       set_register_count<kScoreRegisters, false>();
+      sync_named(kQueryLoaded, kConsumerThreads + 128);
+      if constexpr (kSplitQuery) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) logit_scale[half] *= row_factors[row0 + 8 * half];
+      }
       for (int tile = 0; tile < range.tiles; ++tile) {
         const int which = tile % 2;
         float tile_max[2], factor[2];
@@ -669,6 +674,9 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
       return;
     }
     set_register_count<kOutputRegisters, true>();
+    load_e4m3_query_rows<kRowsPerTile, kConsumerThreads, kSplitQuery>(args, batch_index, first_row, rows_here, query,
+                                                                      row_factors, 1);
+    sync_named(kQueryLoaded, kConsumerThreads + 128);
 #pragma unroll
     for (int i = 0; i < 128; ++i) output[i] = 0.0f;
     for (int tile = 0; tile < range.tiles; ++tile) {

@@ -304,7 +304,7 @@ constexpr int kAlternatingStagedRowFloats = kLatentDim + 8;
 constexpr int kAlternatingStagedRowOffsets = kRowsPerTile * kAlternatingStagedRowFloats * 4;
 constexpr int kAlternatingStagingBytes = kAlternatingStagedRowOffsets + kRowsPerTile * 8;
 
-// With fp8 q and cache the alternating kernel computes O^T (fp8_fragments.cuh
+// With an FP8 cache the alternating kernel computes O^T (fp8_fragments.cuh
 // WideValueFragments): each consumer warpgroup's 256 value dims are 4 M tiles of 64.
 constexpr int kOutputTilesPerWarpgroup = 4;
 // The dim that row `row` (0..63) of M tile `tile` of warpgroup `warpgroup`'s O^T holds: warp w's
