@@ -679,16 +679,33 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
     sync_named(kQueryLoaded, kConsumerThreads + 128);
 #pragma unroll
     for (int i = 0; i < 128; ++i) output[i] = 0.0f;
+    // The products run on across tiles: a tile's batches wait only for the batch two before
+    // them (its fragment buffer), so the tensor pipe is not drained at every tile's end; only a
+    // rescale (the factors moved) waits for every earlier product. P buffer t % 2 is consumed
+    // once tile t's last batch is done: signalled during tile t + 1's second batch.
     for (int tile = 0; tile < range.tiles; ++tile) {
       const int which = tile % 2;
       await(which == 0 ? kPublishedA : kPublishedB, tile / 2);
       columns_moved = moved_flags[which] != 0;
       columns_of = which;
-      rescale_output(/*factor (16-bit caches only)=*/{1.0f, 1.0f});
-      value_product(tile, false);
-      finish_value_product(tile);
-      signal(which == 0 ? kConsumedA : kConsumedB);
+      if (columns_moved) {
+        wgmma_wait<0>();
+        fence_accumulators(output);
+        rescale_output(/*factor (16-bit caches only)=*/{1.0f, 1.0f});
+      }
+      wait_for_raw_tile(tile);
+#pragma unroll
+      for (int batch = 0; batch < kValueBatches; ++batch) {
+        wgmma_wait<kValueBuffers - 1>();  // (unconditional: ptxas serialises every wgmma otherwise, C7513)
+        if (tile > 0 && batch == kValueBuffers - 1) signal(which == 1 ? kConsumedA : kConsumedB);
+        load_value_batch(tile, batch);
+        issue_value_batch(tile, batch);
+      }
+      mbarrier_arrive(&empty[tile % kStages]);
     }
+    wgmma_wait<0>();
+    fence_accumulators(output);
+    if (range.tiles > 0) signal((range.tiles - 1) % 2 == 0 ? kConsumedA : kConsumedB);
     signal(kSumsOf1);  // both output warpgroups past their last tile: the key stages are free
     await(kSumsOf1, 0);
     await(kSumsOf0, 0);  // the score warpgroup's normalizers
