@@ -184,6 +184,13 @@ OPENMLA_DEFINE_WGMMA_RS(wgmma_64x256x16_a_registers_b_n_major, "m64n256k16", 128
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x16x32_fp8, "m64n16k32", 8, "%8", "%9", "%10")
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x32x32_fp8, "m64n32k32", 16, "%16", "%17", "%18")
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x64x32_fp8, "m64n64k32", 32, "%32", "%33", "%34")
+// The same with A in registers (an m64k32 e4m3 fragment: register r holds row 16 w + lane / 4
+// + 8 (r % 2), k 16 (r / 2) + 4 (lane % 4) .. + 3): S = Q K^T with an fp8 q's latent dims held by
+// the score warpgroup (dense_decode/alternating_kernel.cuh).
+__device__ __forceinline__ void wgmma_64x64x32_fp8_a_registers(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
+                                                               bool accumulate) {
+  OPENMLA_WGMMA_RS("m64n64k32", "e4m3.e4m3", 32, "{%32, %33, %34, %35}", "%36", "%37", "");
+}
 // D (64 x 256) += A (K-major, or an m64k32 e4m3 fragment in registers) * B (K-major): the rate
 // micro-benchmark's shapes (bench/micro/wgmma_rate.cu).
 OPENMLA_DEFINE_WGMMA_FP8_SS(wgmma_64x256x32_fp8, "m64n256k32", 128, "%128", "%129", "%130")

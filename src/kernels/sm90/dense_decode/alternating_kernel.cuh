@@ -48,10 +48,11 @@
 // and 1 only run O^T over their 256 value dims for every tile, each tile as soon as its P is
 // published. The pair's chain (softmax a -> handoff -> softmax b -> handoff) is gone: S and the
 // softmax of tile t + 1 run while the output warpgroups' O^T of tile t keeps the tensor pipe
-// busy. Registers (setmaxnreg) 192 for the output warpgroups, 104 for the score warpgroup:
-// H100 cycles -9..11% on every fp8-qkv case (perf log session 25). A bf16 q (since session 26):
-// the output warpgroups load its e4m3 parts (in the score warpgroup's 104 registers that load
-// spilled); H100 cycles -8..10% on every FP8 case with a bf16 q.
+// busy: H100 cycles -9..11% on every fp8-qkv case (perf log session 25). A bf16 q (since session
+// 26): the output warpgroups load its e4m3 parts (in the score warpgroup's 104 registers that
+// load spilled); H100 cycles -8..10% on every FP8 case with a bf16 q. Since session 26 the output
+// warpgroups' products run on across tiles, and an fp8 q's first 256 dims stay in the score
+// warpgroup's registers (ScoreRoles: the register split and why).
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
 // guards that keep a row without keys at output 0 and LSE -inf; the reference moves (and the
 // output is rescaled) only when a tile's maximum passes it by more than 2^8.
@@ -154,11 +155,23 @@ template <bool kFp8Q, bool kFp8Cache>
 using AlternatingLayoutOf = std::conditional_t<kFp8Cache, AlternatingRawKeysLayout<!kFp8Q>, AlternatingLayout>;
 
 // FP8 cache (kScoreWarpgroup): a third consumer warpgroup computes every tile's S and
-// softmax, the two others only O^T over their 256 value dims each: 512 threads, registers after
-// setmaxnreg 2 x 128 x 192 (output) + 128 x 104 (scores) + 128 x 24 (producer) = 64 K.
-constexpr int kScoreRolesThreads = 512, kOutputRegisters = 192, kScoreRegisters = 104;
-static_assert((kOutputRegisters - 128) * 256 <= (128 - kScoreRegisters) * 128 + (128 - kProducerRegisters) * 128,
-              "the output warpgroups' setmaxnreg.inc must be satisfiable");
+// softmax, the two others only O^T over their 256 value dims each: 512 threads. Registers after
+// setmaxnreg, 2 x 128 x output + 128 x scores + 128 x 24 (producer) = 64 K. An fp8 q: the score
+// warpgroup holds Q's first 256 dims as wgmma A fragments (kQueryInRegisters, 32 registers), so
+// that 8 of S's 18 k steps read only K from shared memory, whose bandwidth S and O^T share (per
+// tile ~212 KB at 128 bytes a cycle against ~1600 cycles of tensor work: H100 cycles -4..5%,
+// perf log session 26); it takes 136 registers, the output warpgroups 176 (their V^T batches of
+// one M tile). All 16 latent steps (64 registers) spill beside S's two segments. A bf16 q (two
+// e4m3 parts) stays in shared memory, and its output warpgroups need 192 for its split Q load.
+constexpr int kScoreRolesThreads = 512;
+template <bool kFp8Q>
+struct ScoreRoles {
+  static constexpr bool kQueryInRegisters = kFp8Q;
+  static constexpr int kOutputRegisters = kFp8Q ? 176 : 192, kScoreRegisters = kFp8Q ? 136 : 104;
+  static constexpr int kBatchTiles = kFp8Q ? 1 : 2;  // M tiles per batch of O^T (8 registers each)
+  static_assert((kOutputRegisters - 128) * 256 <= (128 - kScoreRegisters) * 128 + (128 - kProducerRegisters) * 128,
+                "the output warpgroups' setmaxnreg.inc must be satisfiable");
+};
 template <bool kFp8Q, bool kFp8Cache>
 constexpr int alternating_threads() {
   return kFp8Cache ? kScoreRolesThreads : kAlternatingThreads;
@@ -299,6 +312,11 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
   // S = Q K^T for tile `tile` (stage tile % kStages), masked (unscaled); returns in tile_max,
   // scaled (base 2), this thread's maxima over its 16 keys of each of its rows (own_softmax takes
   // the row's only if it needs it). The stages' slots past the sequence end are zeroed after S.
+  // kQueryInRegisters (the score warpgroup, an fp8 q): S's A fragments of Q's first
+  // kQueryFragmentSteps k steps of 32 dims (the later steps read Q from shared memory).
+  constexpr bool kQueryInRegisters = ScoreRoles<kFp8Q>::kQueryInRegisters;
+  constexpr int kQueryFragmentSteps = kQueryInRegisters ? 8 : 1;
+  uint32_t query_fragments[kQueryFragmentSteps][4];
   float scores[32];
   auto tile_scores = [&](int tile, float (&tile_max)[2]) {
     const int first_key = range.begin + tile * kTileKeys;
@@ -330,9 +348,14 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
           for (int step = 0; step < kSegmentSteps; ++step) {
             const int k = segment * kSegmentSteps + step;
             const int query_offset = (k / 2) * (Layout::kQueryLines * 64) + part * (kRowsPerTile * 64) + (k % 2) * 32;
-            wgmma_64x64x32_fp8(terms, advance_descriptor(fp8_query_descriptor, query_offset),
-                               advance_descriptor(key_descriptor, (k / 4) * kWideRawBlockBytes + (k % 4) * 32),
-                               step > 0 || part < kParts - 1);
+            const uint64_t key_step = advance_descriptor(key_descriptor, (k / 4) * kWideRawBlockBytes + (k % 4) * 32);
+            if (kQueryInRegisters && k < kQueryFragmentSteps) {
+              // (k % ...: an index in range in the instantiations that never take this branch)
+              wgmma_64x64x32_fp8_a_registers(terms, query_fragments[k % kQueryFragmentSteps], key_step, step > 0);
+            } else {
+              wgmma_64x64x32_fp8(terms, advance_descriptor(fp8_query_descriptor, query_offset), key_step,
+                                 step > 0 || part < kParts - 1);
+            }
           }
         }
       }
@@ -551,22 +574,32 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
   // warpgroup 1 runs softmax b in between, on the pair's chain, so fewer early batches start it
   // sooner (H100 cycles against 2 early batches: 0 / 1 early: fp8 q D1 Hq128 0.975 / 0.989, D2
   // Hq64 0.973 / 0.995; bf16 q 0.938 / 0.924, 0.962 / 0.956; perf log session 24).
-  constexpr int kValueBatches = 4, kValueBuffers = 2, kEarlyValueBatches = kSplitQuery ? 1 : 0;
-  uint32_t value_fragments[kValueBuffers][4][4];  // [buffer][wgmma of the batch][register]
+  // A batch is kBatchTiles M tiles x 2 k steps (8 registers per M tile; ScoreRoles).
+  constexpr int kBatchTiles = ScoreRoles<kFp8Q>::kBatchTiles;
+  constexpr int kValueBatches = 2 * kOutputTilesPerWarpgroup / kBatchTiles, kValueBuffers = 2,
+                kEarlyValueBatches = kSplitQuery ? 1 : 0;
+  static_assert(kValueBatches % kValueBuffers == 0, "each tile's batch b uses buffer b % kValueBuffers");
+  uint32_t value_fragments[kValueBuffers][2 * kBatchTiles][4];  // [buffer][wgmma of the batch][register]
   const WideValueFragments value_reader(warpgroup, warp, lane);
+  auto batch_place = [&](int batch, int& half, int& first_tile) {
+    half = batch / (kOutputTilesPerWarpgroup / kBatchTiles);
+    first_tile = kBatchTiles * (batch % (kOutputTilesPerWarpgroup / kBatchTiles));
+  };
   auto load_value_batch = [&](int tile, int batch) {
     const uint8_t* raw = raw_tile(tile);
-    const int half = batch / 2, first_tile = 2 * (batch % 2);
-    uint32_t(&into)[4][4] = value_fragments[batch % kValueBuffers];
-    value_reader.load(raw, first_tile, half, into[0], into[1]);
-    value_reader.load(raw, first_tile + 1, half, into[2], into[3]);
+    int half, first_tile;
+    batch_place(batch, half, first_tile);
+    uint32_t(&into)[2 * kBatchTiles][4] = value_fragments[batch % kValueBuffers];
+#pragma unroll
+    for (int m = 0; m < kBatchTiles; ++m) value_reader.load(raw, first_tile + m, half, into[2 * m], into[2 * m + 1]);
   };
   auto issue_value_batch = [&](int tile, int batch) {
     const uint64_t probability_descriptor = make_descriptor(probability_buffer(tile % 2), 16, 1024);
-    const int half = batch / 2, first_tile = 2 * (batch % 2);
+    int half, first_tile;
+    batch_place(batch, half, first_tile);
     wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < 2 * kBatchTiles; ++j) {
       wgmma_64x64x16_a_registers<true>(*reinterpret_cast<float(*)[32]>(output + 32 * (first_tile + j / 2)),
                                        value_fragments[batch % kValueBuffers][j],
                                        advance_descriptor(probability_descriptor, 32 * (2 * half + j % 2)), true);
@@ -634,8 +667,20 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
     constexpr int kQueryLoaded = 5;  // named barrier: the 384 consumer threads
     float* row_factors = kSplitQuery ? reinterpret_cast<float*>(shared + Layout::kRowFactors) : nullptr;
     if (warpgroup == kScoreGroup) {
-      set_register_count<kScoreRegisters, false>();
+      // (512 threads launch with 128 registers each: above that the score warpgroup grows too.)
+      constexpr int kScoreRegisters = ScoreRoles<kFp8Q>::kScoreRegisters;
+      set_register_count<kScoreRegisters, (kScoreRegisters > 128)>();
       sync_named(kQueryLoaded, kConsumerThreads + 128);
+      if constexpr (kQueryInRegisters) {
+#pragma unroll
+        for (int k = 0; k < kQueryFragmentSteps; ++k) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int row = 16 * warp + lane / 4 + 8 * (r % 2), dim = 32 * k + 16 * (r / 2) + 4 * (lane % 4);
+            query_fragments[k][r] = *reinterpret_cast<const uint32_t*>(query + raw_fp8_offset<Layout::kQueryLines>(row, dim));
+          }
+        }
+      }
       if constexpr (kSplitQuery) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) logit_scale[half] *= row_factors[row0 + 8 * half];
@@ -673,7 +718,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
       signal(kSumsOf0);
       return;
     }
-    set_register_count<kOutputRegisters, true>();
+    set_register_count<ScoreRoles<kFp8Q>::kOutputRegisters, true>();
     load_e4m3_query_rows<kRowsPerTile, kConsumerThreads, kSplitQuery>(args, batch_index, first_row, rows_here, query,
                                                                       row_factors, 1);
     sync_named(kQueryLoaded, kConsumerThreads + 128);
