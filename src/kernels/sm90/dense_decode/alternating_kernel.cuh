@@ -1,27 +1,27 @@
 // Dense MLA decode, split-KV attention kernel for more than 32 query rows (<= 32:
-// narrow_kernel.cuh), any cache dtype: the two consumer warpgroups take turns on the key tiles.
+// narrow_kernel.cuh), any cache dtype. 16-bit caches: two consumer warpgroups take turns on the
+// key tiles. FP8 caches: the roles split, one warpgroup scores every tile, two multiply by V.
 //
 // What: for one request b, one tile of 64 query rows and one KV split, the softmax attention of
 // the rows over the split's keys: S = Q K^T (576 dims), P = softmax(S), O = P V (V = the first
 // 512 dims of the same cache rows). Query rows are the request's Sq tokens x Hq heads folded
 // into M (row m = s * Hq + h), so a 64-row wgmma tile is filled by Hq = 64, Hq = 16 x Sq = 4...
-// Roles: 384 threads = two consumer warpgroups (the math) + one producer warpgroup (setmaxnreg
-// moves its registers to the consumers): one thread of it issues the TMA loads.
-// Tiling: key tiles of 64 tokens taken in pairs (a, b). Warpgroup 0 owns tile a, warpgroup 1
-// tile b: the owner computes S = Q K^T for its tile (64 x 64, wgmma m64n64k16; Q from shared
-// memory for dims 0..511, from registers for the 64 rope dims), its softmax, and publishes the
-// new row maxima, the rescale factor and P (16-bit) in shared memory. Every warpgroup owns 256
-// of the 512 value columns: O += P V for the own tile takes P from registers, for the other
-// tile from shared memory (m64n256k16, V read N-major from the key tile itself, so each cache
-// row is loaded once). The running maximum is handed on a -> b -> next a, so each tile's
-// softmax depends on the previous tile's, but one warpgroup's softmax runs while the other's
-// S or O += P V keeps the tensor cores busy. (Splitting every tile's S between the warpgroups
-// and trading maxima and P at two CTA barriers per tile, as an earlier kernel did, reached
-// 0.57-0.65 of the BF16 GEMM rate on the compute-bound cases against this one's 0.72-0.81,
-// and its FP8 form, which widened each tile into a separate math tile between the products,
-// was 3-10% slower on the 64-row FP8 cases: perf log, session 8.)
-// Ordering between the warpgroups (mbarriers: arrive by the signalling warpgroup, wait by the
-// other):
+//
+// 16-bit caches. Roles: 384 threads = two consumer warpgroups (the math) + one producer
+// warpgroup (setmaxnreg moves its registers to the consumers): one thread of it issues the TMA
+// loads. Tiling: key tiles of 64 tokens taken in pairs (a, b). Warpgroup 0 owns tile a,
+// warpgroup 1 tile b: the owner computes S = Q K^T for its tile (64 x 64, wgmma m64n64k16; Q from
+// shared memory for dims 0..511, from registers for the 64 rope dims), its softmax, and
+// publishes the new row maxima, the rescale factor and P (16-bit) in shared memory. Every
+// warpgroup owns 256 of the 512 value columns: O += P V for the own tile takes P from registers,
+// for the other tile from shared memory (m64n256k16, V read N-major from the key tile itself, so
+// each cache row is loaded once). The running maximum is handed on a -> b -> next a, so each
+// tile's softmax depends on the previous tile's, but one warpgroup's softmax runs while the
+// other's S or O += P V keeps the tensor cores busy. (Splitting every tile's S between the
+// warpgroups and trading maxima and P at two CTA barriers per tile, as an earlier kernel did,
+// reached 0.57-0.65 of the BF16 GEMM rate on the compute-bound cases against this one's
+// 0.72-0.81: perf log, session 8.) Ordering between the warpgroups (mbarriers: arrive by the
+// signalling warpgroup, wait by the other):
 //   published_a / published_b: maxima, factor and P of tile a / b are in shared memory;
 //   consumed_a / consumed_b: the other warpgroup's O += P V has finished reading that P buffer;
 //   sums: a warpgroup's row sums are written (once, at the end).
@@ -32,27 +32,24 @@
 // Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
 // P V of its tile are done; a 16-bit tile lands in three parts (kAlternatingKeyParts), S
 // waiting for each part in turn.
-// FP8 cache (kRawKeys): nothing is widened in shared memory. S runs on e4m3 wgmma (m64n64k32)
-// from Q's e4m3 lines (an fp8 q as it is, a bf16 q as high and low e4m3 parts with a
-// power-of-two factor per row: fp8_tiles.cuh load_e4m3_query_rows) and the raw tile (36 KB,
-// 128-dim boxes) as it landed, in two segments added in fp32; the output runs transposed in
-// fp16, O^T += V^T P^T (4 M tiles of m64n64k16 per warpgroup and k step), V^T's fragments
-// widened exactly in registers from the raw tile (fp8_fragments.cuh WideValueFragments) and P^T
-// read as the softmax stored it (both warpgroups read both P buffers); four (fp8 q) or three
-// (bf16 q) raw stages of 40 KB, each released once both warpgroups have its fragments. H100
-// cycles against the producer warpgroup that widened each tile to fp16 in shared memory until
-// session 24: -30% with an fp8 q, -13..14% with a bf16 q (perf log session 24).
-// FP8 cache (kScoreWarpgroup, since session 25): the warpgroups do not take turns. A third
-// consumer warpgroup (512 threads) computes every tile's S and softmax and publishes P, the
-// rescale factors and a moved flag through two P buffers (published / consumed); warpgroups 0
-// and 1 only run O^T over their 256 value dims for every tile, each tile as soon as its P is
-// published. The pair's chain (softmax a -> handoff -> softmax b -> handoff) is gone: S and the
-// softmax of tile t + 1 run while the output warpgroups' O^T of tile t keeps the tensor pipe
-// busy: H100 cycles -9..11% on every fp8-qkv case (perf log session 25). A bf16 q (since session
-// 26): the output warpgroups load its e4m3 parts (in the score warpgroup's 104 registers that
-// load spilled); H100 cycles -8..10% on every FP8 case with a bf16 q. Since session 26 the output
-// warpgroups' products run on across tiles, and an fp8 q's first 256 dims stay in the score
-// warpgroup's registers (ScoreRoles: the register split and why).
+//
+// FP8 caches (kRawKeys, kScoreWarpgroup). Roles: 512 threads. Warpgroup 2 (the score
+// warpgroup) computes every tile's S and softmax and publishes P (fp16), the rescale factors
+// and a moved flag through two P buffers (tile t in buffer t % 2; mbarriers published /
+// consumed); warpgroups 0 and 1 (the output warpgroups) only run O^T over their 256 value dims,
+// each tile as soon as its P is published, their products running on across tiles; the
+// producer warpgroup as above. Nothing is widened in shared memory: S runs on e4m3 wgmma
+// (m64n64k32) from Q's e4m3 lines (an fp8 q as it is, its first 256 dims from the score
+// warpgroup's registers; a bf16 q as high and low e4m3 parts with a power-of-two factor per row:
+// fp8_tiles.cuh load_e4m3_query_rows) and the raw tile (36 KB, 128-dim boxes) as it landed, in
+// two segments added in fp32; the output runs transposed in fp16, O^T += V^T P^T (4 M tiles of
+// m64n64k16 per warpgroup and k step), V^T's fragments widened exactly in registers from the raw
+// tile (fp8_fragments.cuh WideValueFragments), P^T read as the softmax stored it; four (fp8 q) or
+// three (bf16 q) raw stages of 40 KB, each released once both output warpgroups have its
+// fragments. Registers: ScoreRoles. History (H100 cycles, perf log): no widening producer, -30%
+// (fp8 q) and -13..14% (bf16 q) in session 24; the split roles instead of turns, -9..11% (fp8 q,
+// session 25) and -8..10% (bf16 q, session 26); an fp8 q's first dims in registers, -4..5%
+// (session 26).
 // Softmax: online, base 2 (logits scaled by softmax_scale * descales * log2 e), with the -inf
 // guards that keep a row without keys at output 0 and LSE -inf; the reference moves (and the
 // output is rescaled) only when a tile's maximum passes it by more than 2^8.
@@ -138,7 +135,7 @@ struct AlternatingRawKeysLayout {
   static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;
   static constexpr int kSums = kFactorB + kRowsPerTile * 4;
   static constexpr int kRowFactors = kSums + 2 * kRowsPerTile * 4;  // [64]: kSplitQuery's 2^s per row
-  static constexpr int kMovedFlags = kRowFactors + kRowsPerTile * 4;  // [warpgroup][warp] ints
+  static constexpr int kMovedFlags = kRowFactors + kRowsPerTile * 4;  // [P buffer] ints (32 bytes kept)
   // full[kStages], empty[kStages]
   static constexpr int kBarriers = kMovedFlags + 2 * 4 * 4;
   static constexpr int kHandoffs = kBarriers + 2 * kStages * 8;
@@ -189,7 +186,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
   // widened in registers (fp8_fragments.cuh WideValueFragments).
   constexpr bool kRawKeys = kFp8Cache;
   constexpr bool kSplitQuery = kRawKeys && !kFp8Q;  // a bf16 q as two e4m3 parts
-  // FP8 caches: S and the softmax of every tile in warpgroup 2, O^T in warpgroups 0 and 1.
+  // FP8 caches split the roles (S and the softmax of every tile in warpgroup 2, O^T in
+  // warpgroups 0 and 1); 16-bit caches take turns on pairs of tiles.
   constexpr bool kScoreWarpgroup = kRawKeys;
   constexpr int kScoreGroup = 2;  // the score warpgroup's index
   using Layout = AlternatingLayoutOf<kFp8Q, kFp8Cache>;
@@ -197,14 +195,14 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
   uint8_t* query = shared + Layout::kQuery;
   float* maxima = reinterpret_cast<float*>(shared + Layout::kMaxima);
-  // Per tile of the pair (0: a, 1: b): the factor that rescales the state before that tile,
-  // and its P.
+  // Per tile of the pair (0: a, 1: b; kScoreWarpgroup: tile t in t % 2): the factor that
+  // rescales the state before that tile, and its P.
   auto factors = [&](int which) { return reinterpret_cast<float*>(shared + (which ? Layout::kFactorB : Layout::kFactorA)); };
   auto probability_buffer = [&](int which) {
     return shared + (which ? Layout::kProbabilitiesB : Layout::kProbabilitiesA);
   };
-  // The stages are released per tile on `empty` (kRawKeys: once both warpgroups have the tile's
-  // V^T fragments in registers).
+  // The stages are released per tile on `empty` (kRawKeys: once both output warpgroups have the
+  // tile's V^T fragments in registers).
   constexpr int kStages = Layout::kStages;
   // `full`: the TMA's bytes.
   constexpr int kKeyParts = kFp8Cache ? 1 : kAlternatingKeyParts;
@@ -236,9 +234,9 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
 
   if (threadIdx.x == 0) {
     for (int handoff = 0; handoff < kHandoffCount; ++handoff) {
-      // With O^T (kRawKeys) both warpgroups read both P buffers.
-      const bool both = handoff == kRowsStaged || (kRawKeys && (handoff == kConsumedA || handoff == kConsumedB)) ||
-                        (kScoreWarpgroup && handoff == kSumsOf1);
+      // kScoreWarpgroup: both output warpgroups read both P buffers.
+      const bool both = handoff == kRowsStaged ||
+                        (kScoreWarpgroup && (handoff == kConsumedA || handoff == kConsumedB || handoff == kSumsOf1));
       mbarrier_init(&handoffs[handoff], both ? kConsumerThreads : 128);
     }
   }
@@ -269,19 +267,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
   // factor 2^s per row (the other kernels read only [0]: one register fewer, which the 16-bit
   // kernel, at its register limit, needs).
   float logit_scale[2] = {args.logit_scale_log2, args.logit_scale_log2};
-  if constexpr (kRawKeys) {
-    float* row_factors = kSplitQuery ? reinterpret_cast<float*>(shared + Layout::kRowFactors) : nullptr;
-    if constexpr (!kScoreWarpgroup) {  // (kScoreWarpgroup: in the role branches below)
-      load_e4m3_query_rows<kRowsPerTile, kConsumerThreads, kSplitQuery>(args, batch_index, first_row, rows_here,
-                                                                        query, row_factors, 1);
-      if constexpr (kSplitQuery) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) logit_scale[half] *= row_factors[row0 + 8 * half];
-      }
-    }
-  } else {
-    load_query_tile<kRowsPerTile, kConsumerThreads>(args, batch_index, first_row, rows_here, query, 1);
-  }
+  // (kRawKeys: Q's e4m3 lines are loaded in the role branches below.)
+  if constexpr (!kRawKeys) load_query_tile<kRowsPerTile, kConsumerThreads>(args, batch_index, first_row, rows_here, query, 1);
   uint32_t rope_query[kRopeSteps][4];
   if constexpr (!kRawKeys) {
 #pragma unroll
@@ -365,8 +352,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
       fence_accumulators(later_segment);
 #pragma unroll
       for (int i = 0; i < 32; ++i) scores[i] += later_segment[i];
-      // Slots past the sequence end: S's mask drops whatever they hold; the V^T fragments (this
-      // warpgroup's, and the other's after the publish handoff) must read zeros.
+      // Slots past the sequence end: S's mask drops whatever they hold; the output warpgroups' V^T
+      // fragments (after the publish handoff) must read zeros.
       if (valid < kTileKeys) {
         zero_key_lines<kLatentDim / kWideRawBoxDims, kWideRawBoxDims>(keys, valid, thread_in_warpgroup, 128);
         sync_named(2 + warpgroup, 128);
@@ -439,7 +426,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
   // Softmax of the own tile against the running maximum: P in registers (wgmma A fragments:
   // k step s is accumulators 8 s .. 8 s + 7).
   uint32_t probabilities[kTileKeys / 16][4];
-  bool own_rows_moved = false;  // kRawKeys: a factor of this thread's rows moved (see publish)
+  bool own_rows_moved = false;  // kRawKeys: a factor of this thread's rows moved (see moved_flags)
   auto own_softmax = [&](float (&tile_max)[2], float (&factor)[2]) {
     // Lazy reference: it moves only when the tile's row maximum passes it by more than the slack
     // (kReferenceSlackLog2), so most tiles leave factor 1 and both
@@ -484,9 +471,9 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
       probabilities[i / 8][(i % 8) / 2] = pack_two<kHalf>(first, second);
     }
   };
-  // kRawKeys: whether any factor of the tile `columns_of` names (0: a, 1: b) differs from 1; its
-  // owner's warps publish one flag each with P (moved_flags), so that the O^T rescale, whose
-  // accumulator columns are rows of every warp, reads the factors only when they moved.
+  // kRawKeys: whether any factor of the tile in P buffer `columns_of` differs from 1; the score
+  // warpgroup publishes one flag per P buffer with P (moved_flags), so that the O^T rescale,
+  // whose accumulator columns are rows of every warp, reads the factors only when they moved.
   bool columns_moved = false;
   int columns_of = 0;
   int* moved_flags = nullptr;
@@ -504,8 +491,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
       store_matrices_x4(buffer + swizzled_offset(row, 8 * chunk), probabilities[step]);
     }
   };
-  // P, the new maxima and the factor that rescales everything before the own tile, into shared
-  // memory for the other warpgroup.
+  // 16-bit caches: P, the new maxima and the factor that rescales everything before the own
+  // tile, into shared memory for the other warpgroup.
   auto publish = [&](int pair, const float (&factor)[2]) {
     if (pair > 0) await(warpgroup == 0 ? kConsumedA : kConsumedB, pair - 1);  // our previous P was read
     store_probabilities(probability_buffer(warpgroup));
@@ -517,17 +504,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
         factors(warpgroup)[row0 + 8 * half] = factor[half];
       }
     }
-    bool warp_moved = false;
-    if constexpr (kRawKeys) {
-      warp_moved = __any_sync(0xffffffffu, own_rows_moved);
-      if (lane == 0) moved_flags[4 * warpgroup + warp] = warp_moved;
-    }
     fence_shared_for_async_proxy();
     signal(warpgroup == 0 ? kPublishedA : kPublishedB);
-    if constexpr (kRawKeys) {  // O^T reads the own P and factors too
-      columns_moved = sync_named_any(2 + warpgroup, 128, warp_moved);
-      columns_of = warpgroup;
-    }
   };
 
   // The other warpgroup's published maxima and factor: rescale the running state to them.
@@ -539,14 +517,9 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
       running_max[half] = maxima[row0 + 8 * half];
       running_sum[half] *= factor[half];
     }
-    if constexpr (kRawKeys) {  // in the same round trip
-      const int4 flags = *reinterpret_cast<const int4*>(moved_flags + 4 * owner);
-      columns_moved = (flags.x | flags.y | flags.z | flags.w) != 0;
-      columns_of = owner;
-    }
   };
-  // `factor`: this thread's rows' factors; with O^T (kRawKeys) the rows are its accumulator
-  // columns, whose factors are read from the published buffer when any moved.
+  // `factor`: this thread's rows' factors; with O^T (kRawKeys: the output warpgroups) the rows
+  // are its accumulator columns, whose factors are read from the published buffer when any moved.
   auto rescale_output = [&](const float (&factor)[2]) {
     if constexpr (kRawKeys) {
       if (columns_moved) {
@@ -565,19 +538,13 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
       for (int i = 0; i < 128; ++i) output[i] *= factor[(i / 2) % 2];
     }
   };
-  // kRawKeys: O^T += V^T P^T for this warpgroup's 256 value dims over tile `tile`: 16 wgmma
-  // m64n64k16 (4 M tiles x 4 k steps) in kValueBatches batches of 2 M tiles x 2 k steps (one
-  // ldmatrix.x4 per M tile, WideValueFragments), both P read from shared memory. Consecutive
-  // batches chain no accumulator; each batch's fragments are widened while earlier ones run
+  // kRawKeys: O^T += V^T P^T for an output warpgroup's 256 value dims over tile `tile`: 16 wgmma
+  // m64n64k16 (4 M tiles x 4 k steps) in kValueBatches batches of kBatchTiles M tiles x 2 k steps
+  // (one ldmatrix.x4 per M tile, WideValueFragments; 8 registers per M tile; ScoreRoles), P read
+  // from its shared-memory buffer. Each batch's fragments are widened while earlier ones run
   // (kValueBuffers buffers: the registers of a batch in flight must stay untouched).
-  // value_product issues the first kEarlyValueBatches batches, finish_value_product the rest:
-  // warpgroup 1 runs softmax b in between, on the pair's chain, so fewer early batches start it
-  // sooner (H100 cycles against 2 early batches: 0 / 1 early: fp8 q D1 Hq128 0.975 / 0.989, D2
-  // Hq64 0.973 / 0.995; bf16 q 0.938 / 0.924, 0.962 / 0.956; perf log session 24).
-  // A batch is kBatchTiles M tiles x 2 k steps (8 registers per M tile; ScoreRoles).
   constexpr int kBatchTiles = ScoreRoles<kFp8Q>::kBatchTiles;
-  constexpr int kValueBatches = 2 * kOutputTilesPerWarpgroup / kBatchTiles, kValueBuffers = 2,
-                kEarlyValueBatches = kSplitQuery ? 1 : 0;
+  constexpr int kValueBatches = 2 * kOutputTilesPerWarpgroup / kBatchTiles, kValueBuffers = 2;
   static_assert(kValueBatches % kValueBuffers == 0, "each tile's batch b uses buffer b % kValueBuffers");
   uint32_t value_fragments[kValueBuffers][2 * kBatchTiles][4];  // [buffer][wgmma of the batch][register]
   const WideValueFragments value_reader(warpgroup, warp, lane);
@@ -606,21 +573,9 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
     }
     wgmma_commit();
   };
-  // O += P V for this warpgroup's value columns over tile `tile`, P from registers or from the
-  // other warpgroup's buffer (one wgmma group; the caller waits). kRawKeys: O^T's first
-  // kEarlyValueBatches batches (the caller finishes the product).
+  // 16-bit caches: O += P V for this warpgroup's value columns over tile `tile`, P from registers
+  // or from the other warpgroup's buffer (one wgmma group; finish_value_product waits).
   auto value_product = [&](int tile, bool own) {
-    if constexpr (kRawKeys) {
-      // (The owner waited for the tile in tile_scores; the other warpgroup came through the publish
-      // handoff, and waits too, so that the TMA's bytes are visible to it.)
-      wait_for_raw_tile(tile);
-      static_assert(kEarlyValueBatches <= kValueBuffers, "an early batch needs a free buffer");
-#pragma unroll
-      for (int batch = 0; batch < kEarlyValueBatches; ++batch) load_value_batch(tile, batch);
-#pragma unroll
-      for (int batch = 0; batch < kEarlyValueBatches; ++batch) issue_value_batch(tile, batch);
-      return;
-    }
     const uint64_t value_descriptor = make_descriptor(
         stages + (tile % 2) * kTileBlockBytes + value_block * kSwizzleBlockBytes, kSwizzleBlockBytes, 1024);
     const uint64_t probability_descriptor = make_descriptor(probability_buffer(tile % 2), 16, 1024);
@@ -637,21 +592,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
     }
     wgmma_commit();
   };
-  // Once per tile per warpgroup: the stage is released here (V is read by the product; kRawKeys:
-  // once the last fragments are in registers).
+  // Once per tile per warpgroup: the stage is released here (V is read by the product).
   auto finish_value_product = [&](int tile) {
-    if constexpr (kRawKeys) {
-#pragma unroll
-      for (int batch = kEarlyValueBatches; batch < kValueBatches; ++batch) {
-        if (batch >= kValueBuffers) wgmma_wait<kValueBuffers - 1>();  // its buffer's last batch is done
-        load_value_batch(tile, batch);
-        issue_value_batch(tile, batch);
-      }
-      mbarrier_arrive(&empty[tile % kStages]);
-      wgmma_wait<0>();
-      fence_accumulators(output);
-      return;
-    }
     wgmma_wait<0>();
     fence_accumulators(output);
     mbarrier_arrive(&empty[tile % 2]);
@@ -778,15 +720,12 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
       rescale_output(factor);
       value_product(tile_a, true);
       if (has_b) {
-        // kRawKeys: the product's later batches before the wait (they need this thread to issue).
-        if constexpr (kRawKeys) finish_value_product(tile_a);
         adopt(1, pair, factor);
-        if constexpr (!kRawKeys) finish_value_product(tile_a);
+        finish_value_product(tile_a);
         rescale_output(factor);
         value_product(tile_b, false);
         finish_value_product(tile_b);
         if (has_next) signal(kConsumedB);
-        if (kRawKeys && has_next) signal(kConsumedA);  // (finish_value_product(tile_a) above)
       } else {
         finish_value_product(tile_a);
       }
@@ -804,7 +743,6 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
         rescale_output(factor);
         value_product(tile_b, true);
         finish_value_product(tile_b);
-        if (kRawKeys && has_next) signal(kConsumedB);
       } else {
         finish_value_product(tile_a);
       }
@@ -823,10 +761,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
   // Both warpgroups are past their last tile (the sums handoff above): the key stages are free.
   const OutputDestination destination = output_destination(args, split);
   uint8_t* staging = shared + Layout::kKeys;
-  // (The factor buffers are free: both warpgroups are past their last rescale.)
-  stage_alternating_output<kRawKeys>(args, destination, batch_index, first_row, rows_here, warpgroup, lane, row0,
-                                     running_max, running_sum, sums + (1 - warpgroup) * kRowsPerTile, output, staging,
-                                     factors(warpgroup));
+  stage_alternating_output(args, destination, batch_index, first_row, rows_here, warpgroup, lane, row0, running_max,
+                           running_sum, sums + (1 - warpgroup) * kRowsPerTile, output, staging);
   // Every row staged, on an mbarrier (racecheck does not count a named barrier across the two
   // warpgroups, bar.sync 1, 256, as ordering their shared-memory accesses: see ConsumerBarrier in
   // narrow_kernel.cuh).

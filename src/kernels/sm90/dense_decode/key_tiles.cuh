@@ -338,50 +338,37 @@ __device__ __forceinline__ void stage_transposed_output(int warpgroup, int lane,
   }
 }
 
-// The alternating kernel's epilogue, first part, by each consumer warpgroup (every tile
-// consumed by both, so that the key stages are free for `staging`): it holds O for its 256 value
-// columns and, for rows row0 and row0 + 8 of its warp, the running maximum and the row sums over
-// its own keys, which `other_sums` ([row] of the other warpgroup's sums) completes. Writes the
-// LSE and stages the normalised rows (the output or the split's partial) with each row's
-// destination offset; once both warpgroups have, the rows are stored by store_staged_rows.
-// O's accumulators: m64n256 (rows as M), or with kTransposed O^T as 4 M tiles of m64n64 (dims as
-// M: transposed_value_dim; rows as N), whose rows' normalisers go through `normalizers` ([64]
-// floats of this warpgroup's: the buffer of its published factors, which its threads have all
-// read once they meet at the first barrier).
-template <bool kTransposed>
+// The alternating kernel's epilogue (16-bit caches), first part, by each consumer warpgroup
+// (every tile consumed by both, so that the key stages are free for `staging`): it holds O
+// (m64n256 accumulators, rows as M) for its 256 value columns and, for rows row0 and row0 + 8 of
+// its warp, the running maximum and the row sums over its own keys, which `other_sums` ([row] of
+// the other warpgroup's sums) completes. Writes the LSE and stages the normalised rows (the
+// output or the split's partial) with each row's destination offset; once both warpgroups have,
+// the rows are stored by store_staged_rows.
 __device__ __forceinline__ void stage_alternating_output(const SplitArgs& args, const OutputDestination& destination,
                                                          int batch_index, int first_row, int rows_here, int warpgroup,
                                                          int lane, int row0, const float (&running_max)[2],
                                                          const float (&running_sum)[2], const float* other_sums,
-                                                         const float (&output)[128], uint8_t* staging,
-                                                         float* normalizers) {
+                                                         const float (&output)[128], uint8_t* staging) {
   float* staged = reinterpret_cast<float*>(staging);
   int64_t* row_offsets = reinterpret_cast<int64_t*>(staging + kAlternatingStagedRowOffsets);
-  if constexpr (kTransposed) sync_named(2 + warpgroup, 128);  // all of this warpgroup read its last factors
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
     const float sum = running_sum[half] + other_sums[row];
     const bool empty_row = sum == 0.0f || row >= rows_here;
     const float normalizer = empty_row ? 0.0f : args.value_scale / sum;
-    if constexpr (kTransposed) normalizers[row] = normalizer;
     if (row >= rows_here) continue;
     const float lse2 = empty_row ? -INFINITY : running_max[half] + log2f(sum);
-    if constexpr (!kTransposed) {
-      float* staged_row = staged + row * kAlternatingStagedRowFloats + warpgroup * 256 + 2 * (lane % 4);
+    float* staged_row = staged + row * kAlternatingStagedRowFloats + warpgroup * 256 + 2 * (lane % 4);
 #pragma unroll
-      for (int i = 2 * half; i < 128; i += 4) {
-        *reinterpret_cast<float2*>(staged_row + 8 * (i / 4)) = make_float2(output[i] * normalizer, output[i + 1] * normalizer);
-      }
+    for (int i = 2 * half; i < 128; i += 4) {
+      *reinterpret_cast<float2*>(staged_row + 8 * (i / 4)) = make_float2(output[i] * normalizer, output[i + 1] * normalizer);
     }
     if (warpgroup == 0 && lane % 4 == 0) {
       store_row_lse(args, destination, batch_index, first_row + row, lse2);
       row_offsets[row] = destination_row_offset(args, destination, batch_index, first_row + row);
     }
-  }
-  if constexpr (kTransposed) {
-    sync_named(2 + warpgroup, 128);  // this warpgroup's normalizers
-    stage_transposed_output(warpgroup, lane, row0, output, normalizers, staged);
   }
 }
 
