@@ -648,13 +648,9 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = row0 + 8 * half;
-          const float sum = running_sum[half];
-          const bool empty_row = sum == 0.0f || row >= rows_here;
-          normalizers[row] = empty_row ? 0.0f : args.value_scale / sum;
-          if (row < rows_here) {
-            store_row_lse(args, destination, batch_index, first_row + row,
-                          empty_row ? -INFINITY : running_max[half] + log2f(sum));
-          }
+          const FinishedRow finished = finish_row(args, running_sum[half], running_max[half], row < rows_here);
+          normalizers[row] = finished.normalizer;
+          if (row < rows_here) store_row_lse(args, destination, batch_index, first_row + row, finished.lse2);
         }
       }
       signal(kSumsOf0);

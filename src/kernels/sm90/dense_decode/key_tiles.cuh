@@ -338,6 +338,16 @@ __device__ __forceinline__ void stage_transposed_output(int warpgroup, int lane,
   }
 }
 
+// A finished row of the 64-row kernel (both of its flows): its output normaliser (value_scale /
+// sum; 0 for a row without keys or past the tile's rows) and its base-2 LSE (-inf without keys).
+struct FinishedRow {
+  float normalizer, lse2;
+};
+__device__ __forceinline__ FinishedRow finish_row(const SplitArgs& args, float sum, float running_max, bool present) {
+  const bool empty_row = sum == 0.0f || !present;
+  return {empty_row ? 0.0f : args.value_scale / sum, empty_row ? -INFINITY : running_max + log2f(sum)};
+}
+
 // The alternating kernel's epilogue (16-bit caches), first part, by each consumer warpgroup
 // (every tile consumed by both, so that the key stages are free for `staging`): it holds O
 // (m64n256 accumulators, rows as M) for its 256 value columns and, for rows row0 and row0 + 8 of
@@ -355,18 +365,16 @@ __device__ __forceinline__ void stage_alternating_output(const SplitArgs& args, 
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
-    const float sum = running_sum[half] + other_sums[row];
-    const bool empty_row = sum == 0.0f || row >= rows_here;
-    const float normalizer = empty_row ? 0.0f : args.value_scale / sum;
     if (row >= rows_here) continue;
-    const float lse2 = empty_row ? -INFINITY : running_max[half] + log2f(sum);
+    const FinishedRow finished = finish_row(args, running_sum[half] + other_sums[row], running_max[half], true);
     float* staged_row = staged + row * kAlternatingStagedRowFloats + warpgroup * 256 + 2 * (lane % 4);
 #pragma unroll
     for (int i = 2 * half; i < 128; i += 4) {
-      *reinterpret_cast<float2*>(staged_row + 8 * (i / 4)) = make_float2(output[i] * normalizer, output[i + 1] * normalizer);
+      *reinterpret_cast<float2*>(staged_row + 8 * (i / 4)) =
+          make_float2(output[i] * finished.normalizer, output[i + 1] * finished.normalizer);
     }
     if (warpgroup == 0 && lane % 4 == 0) {
-      store_row_lse(args, destination, batch_index, first_row + row, lse2);
+      store_row_lse(args, destination, batch_index, first_row + row, finished.lse2);
       row_offsets[row] = destination_row_offset(args, destination, batch_index, first_row + row);
     }
   }
