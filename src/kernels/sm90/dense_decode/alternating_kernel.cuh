@@ -336,9 +336,10 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
             const int k = segment * kSegmentSteps + step;
             const int query_offset = (k / 2) * (Layout::kQueryLines * 64) + part * (kRowsPerTile * 64) + (k % 2) * 32;
             const uint64_t key_step = advance_descriptor(key_descriptor, (k / 4) * kWideRawBlockBytes + (k % 4) * 32);
-            if (kQueryInRegisters && k < kQueryFragmentSteps) {
+            if (kQueryInRegisters && part == 0 && k < kQueryFragmentSteps) {  // (part 0: the high lines)
               // (k % ...: an index in range in the instantiations that never take this branch)
-              wgmma_64x64x32_fp8_a_registers(terms, query_fragments[k % kQueryFragmentSteps], key_step, step > 0);
+              wgmma_64x64x32_fp8_a_registers(terms, query_fragments[k % kQueryFragmentSteps], key_step,
+                                             step > 0 || part < kParts - 1);
             } else {
               wgmma_64x64x32_fp8(terms, advance_descriptor(fp8_query_descriptor, query_offset), key_step,
                                  step > 0 || part < kParts - 1);
