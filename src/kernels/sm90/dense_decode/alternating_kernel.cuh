@@ -169,16 +169,17 @@ struct ScoreRoles {
   static_assert((kOutputRegisters - 128) * 256 <= (128 - kScoreRegisters) * 128 + (128 - kProducerRegisters) * 128,
                 "the output warpgroups' setmaxnreg.inc must be satisfiable");
 };
-template <bool kFp8Q, bool kFp8Cache>
+template <bool kFp8Cache>
 constexpr int alternating_threads() {
   return kFp8Cache ? kScoreRolesThreads : kAlternatingThreads;
 }
 
-// Named barriers (bar.sync ids; 0 is __syncthreads'): 1 both consumer warpgroups
-// (sync_consumers, the Q load), 2 + w consumer warpgroup w alone.
+// Named barriers (bar.sync ids; 0 is __syncthreads'): 1 both turn-taking or both output
+// warpgroups (sync_consumers, the Q load), 2 + w consumer warpgroup w alone (the score
+// warpgroup: 4), kQueryLoaded (5) the three consumer warpgroups of the FP8 roles.
 
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
-__global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
+__global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
     dense_decode_alternating_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
   static_assert(kHalf || !kFp8Cache, "FP8 caches compute in fp16");
   static_assert(kFp8Cache || !kFp8Q, "an fp8 q comes with an FP8 cache");
@@ -472,11 +473,10 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
       probabilities[i / 8][(i % 8) / 2] = pack_two<kHalf>(first, second);
     }
   };
-  // kRawKeys: whether any factor of the tile in P buffer `columns_of` differs from 1; the score
-  // warpgroup publishes one flag per P buffer with P (moved_flags), so that the O^T rescale,
-  // whose accumulator columns are rows of every warp, reads the factors only when they moved.
-  bool columns_moved = false;
-  int columns_of = 0;
+  // kRawKeys: whether any factor of the tile in P buffer `which` differs from 1; the score
+  // warpgroup publishes one flag per P buffer with P (moved_flags[which]), so that the O^T
+  // rescale, whose accumulator columns are rows of every warp, reads the factors only when they
+  // moved.
   int* moved_flags = nullptr;
   if constexpr (kRawKeys) moved_flags = reinterpret_cast<int*>(shared + Layout::kMovedFlags);
   // The own P into `buffer` ([64 rows][64 keys], 16-bit, 128-byte swizzle). stmatrix (one
@@ -519,25 +519,25 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
       running_sum[half] *= factor[half];
     }
   };
-  // `factor`: this thread's rows' factors; with O^T (kRawKeys: the output warpgroups) the rows
-  // are its accumulator columns, whose factors are read from the published buffer when any moved.
+  // 16-bit caches: `factor` holds this thread's rows' factors.
   auto rescale_output = [&](const float (&factor)[2]) {
-    if constexpr (kRawKeys) {
-      if (columns_moved) {
-        float column_factor[16];  // accumulator i of each M tile: column_factor[2 ((i % 32) / 4) + i % 2]
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float2 pair = *reinterpret_cast<const float2*>(factors(columns_of) + 8 * j + 2 * (lane % 4));
-          column_factor[2 * j] = pair.x;
-          column_factor[2 * j + 1] = pair.y;
-        }
-#pragma unroll
-        for (int i = 0; i < 128; ++i) output[i] *= column_factor[2 * ((i % 32) / 4) + i % 2];
-      }
-    } else if (factor[0] != 1.0f || factor[1] != 1.0f) {
+    if (factor[0] != 1.0f || factor[1] != 1.0f) {
 #pragma unroll
       for (int i = 0; i < 128; ++i) output[i] *= factor[(i / 2) % 2];
     }
+  };
+  // kRawKeys (the output warpgroups): O^T's rows are dims, its accumulator columns query rows,
+  // whose factors are read from P buffer `which`'s published factors.
+  auto rescale_transposed_output = [&](int which) {
+    float column_factor[16];  // accumulator i of each M tile: column_factor[2 ((i % 32) / 4) + i % 2]
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 pair = *reinterpret_cast<const float2*>(factors(which) + 8 * j + 2 * (lane % 4));
+      column_factor[2 * j] = pair.x;
+      column_factor[2 * j + 1] = pair.y;
+    }
+#pragma unroll
+    for (int i = 0; i < 128; ++i) output[i] *= column_factor[2 * ((i % 32) / 4) + i % 2];
   };
   // kRawKeys: O^T += V^T P^T for an output warpgroup's 256 value dims over tile `tile`: 16 wgmma
   // m64n64k16 (4 M tiles x 4 k steps) in kValueBatches batches of kBatchTiles M tiles x 2 k steps
@@ -670,12 +670,10 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Q, kFp8Cache>(), 1)
     for (int tile = 0; tile < range.tiles; ++tile) {
       const int which = tile % 2;
       await(which == 0 ? kPublishedA : kPublishedB, tile / 2);
-      columns_moved = moved_flags[which] != 0;
-      columns_of = which;
-      if (columns_moved) {
+      if (moved_flags[which] != 0) {
         wgmma_wait<0>();
         fence_accumulators(output);
-        rescale_output(/*factor (16-bit caches only)=*/{1.0f, 1.0f});
+        rescale_transposed_output(which);
       }
       wait_for_raw_tile(tile);
 #pragma unroll

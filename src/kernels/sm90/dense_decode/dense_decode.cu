@@ -105,7 +105,7 @@ void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid
       launch_narrow(std::integral_constant<int, 32>{});
     }
   } else {  // 64-row tiles; the warpgroups take turns on the tiles (fp8 q + cache: split by role)
-    launch(dense_decode_alternating_kernel<kHalf, kFp8Q, kFp8Cache>, alternating_threads<kFp8Q, kFp8Cache>(),
+    launch(dense_decode_alternating_kernel<kHalf, kFp8Q, kFp8Cache>, alternating_threads<kFp8Cache>(),
            AlternatingLayoutOf<kFp8Q, kFp8Cache>::kLaunchBytes);
   }
 }
