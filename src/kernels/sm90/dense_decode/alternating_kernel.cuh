@@ -130,20 +130,20 @@ struct AlternatingRawKeysLayout {
   static constexpr int kKeys = kQueryLines * kHeadDim;
   static constexpr int kProbabilitiesA = kKeys + kStages * kWideRawStageBytes;
   static constexpr int kProbabilitiesB = kProbabilitiesA + kSwizzleBlockBytes;
-  static constexpr int kMaxima = kProbabilitiesB + kSwizzleBlockBytes;
-  static constexpr int kFactorA = kMaxima + kRowsPerTile * 4;
+  static constexpr int kFactorA = kProbabilitiesB + kSwizzleBlockBytes;  // [64] per P buffer
   static constexpr int kFactorB = kFactorA + kRowsPerTile * 4;
-  static constexpr int kSums = kFactorB + kRowsPerTile * 4;
-  static constexpr int kRowFactors = kSums + 2 * kRowsPerTile * 4;  // [64]: kSplitQuery's 2^s per row
-  static constexpr int kMovedFlags = kRowFactors + kRowsPerTile * 4;  // [P buffer] ints (32 bytes kept)
+  static constexpr int kNormalizers = kFactorB + kRowsPerTile * 4;  // [64]: the score warpgroup's
+  static constexpr int kRowFactors = kNormalizers + kRowsPerTile * 4;  // [64]: kSplitQuery's 2^s per row
+  static constexpr int kMovedFlags = kRowFactors + kRowsPerTile * 4;  // [P buffer] ints
   // full[kStages], empty[kStages]
-  static constexpr int kBarriers = kMovedFlags + 2 * 4 * 4;
+  static constexpr int kBarriers = kMovedFlags + 2 * 4;
   static constexpr int kHandoffs = kBarriers + 2 * kStages * 8;
   static constexpr int kBytes = kHandoffs + kHandoffCount * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
   static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
   static_assert(kKeys % 1024 == 0 && kWideRawStageBytes % 1024 == 0, "swizzle atoms stay aligned");
-  static_assert(kKeys + kAlternatingStagingBytes <= kMaxima, "the epilogue's staging fits the raw stages and P buffers");
+  static_assert(kKeys + kAlternatingStagingBytes <= kFactorA,
+                "the epilogue's staging fits the raw stages and P buffers");
 };
 
 // The kernel's and its launcher's (the shared-memory size) layout: FP8 caches read the raw
@@ -195,7 +195,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
   extern __shared__ uint8_t raw_shared[];
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
   uint8_t* query = shared + Layout::kQuery;
-  float* maxima = reinterpret_cast<float*>(shared + Layout::kMaxima);
+  float* maxima = nullptr;  // 16-bit caches: the row maxima a warpgroup publishes with its P
+  if constexpr (!kRawKeys) maxima = reinterpret_cast<float*>(shared + Layout::kMaxima);
   // Per tile of the pair (0: a, 1: b; kScoreWarpgroup: tile t in t % 2): the factor that
   // rescales the state before that tile, and its P.
   auto factors = [&](int which) { return reinterpret_cast<float*>(shared + (which ? Layout::kFactorB : Layout::kFactorA)); };
@@ -603,7 +604,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
   if constexpr (kScoreWarpgroup) {
     // Tile t's P, factors and moved flag go through P buffer t % 2: published (the score
     // warpgroup's 128 arrivals), consumed (both output warpgroups' 256).
-    float* normalizers = reinterpret_cast<float*>(shared + Layout::kSums);  // [64], at the end
+    float* normalizers = reinterpret_cast<float*>(shared + Layout::kNormalizers);  // at the end
     const OutputDestination destination = output_destination(args, split);
     // The output warpgroups load Q (with the score warpgroup's 128 threads alone, a bf16 q's
     // loads, all in flight at once, take 144 registers per thread), then all three meet.
@@ -701,73 +702,73 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
     await(kRowsStaged, 0);
     store_staged_rows<1, kAlternatingStagedRowFloats, 0>(args, destination, staged, row_offsets, rows_here, threadIdx.x,
                                                          kConsumerThreads);
-    return;
-  }
-
-  for (int pair = 0; pair < pairs; ++pair) {
-    const int tile_a = 2 * pair, tile_b = tile_a + 1;
-    const bool has_b = tile_b < range.tiles, has_next = pair + 1 < pairs;
-    float tile_max[2], factor[2];
-    if (warpgroup == 0) {
-      tile_scores(tile_a, tile_max);
-      own_softmax(tile_max, factor);
-      publish(pair, factor);
-      rescale_output(factor);
-      value_product(tile_a, true);
-      if (has_b) {
-        adopt(1, pair, factor);
-        finish_value_product(tile_a);
-        rescale_output(factor);
-        value_product(tile_b, false);
-        finish_value_product(tile_b);
-        if (has_next) signal(kConsumedB);
-      } else {
-        finish_value_product(tile_a);
-      }
-    } else {
-      if (has_b) tile_scores(tile_b, tile_max);
-      adopt(0, pair, factor);
-      rescale_output(factor);
-      value_product(tile_a, false);  // runs while this warpgroup does tile b's softmax
-      if (has_b) {
+  } else {
+    for (int pair = 0; pair < pairs; ++pair) {
+      const int tile_a = 2 * pair, tile_b = tile_a + 1;
+      const bool has_b = tile_b < range.tiles, has_next = pair + 1 < pairs;
+      float tile_max[2], factor[2];
+      if (warpgroup == 0) {
+        tile_scores(tile_a, tile_max);
         own_softmax(tile_max, factor);
-        publish(pair, factor);  // first: warpgroup 0 waits for it (releasing tile a's stage
-                                // before it measured 3-6% slower)
-        finish_value_product(tile_a);
-        if (has_next) signal(kConsumedA);
+        publish(pair, factor);
         rescale_output(factor);
-        value_product(tile_b, true);
-        finish_value_product(tile_b);
+        value_product(tile_a, true);
+        if (has_b) {
+          adopt(1, pair, factor);
+          finish_value_product(tile_a);
+          rescale_output(factor);
+          value_product(tile_b, false);
+          finish_value_product(tile_b);
+          if (has_next) signal(kConsumedB);
+        } else {
+          finish_value_product(tile_a);
+        }
       } else {
-        finish_value_product(tile_a);
+        if (has_b) tile_scores(tile_b, tile_max);
+        adopt(0, pair, factor);
+        rescale_output(factor);
+        value_product(tile_a, false);  // runs while this warpgroup does tile b's softmax
+        if (has_b) {
+          own_softmax(tile_max, factor);
+          publish(pair, factor);  // first: warpgroup 0 waits for it (releasing tile a's stage
+                                  // before it measured 3-6% slower)
+          finish_value_product(tile_a);
+          if (has_next) signal(kConsumedA);
+          rescale_output(factor);
+          value_product(tile_b, true);
+          finish_value_product(tile_b);
+        } else {
+          finish_value_product(tile_a);
+        }
       }
     }
-  }
 
-  // Row sums: this thread's keys, the quad, then the other warpgroup's tiles.
-  float* sums = reinterpret_cast<float*>(shared + Layout::kSums);  // [warpgroup][row]
-  sum_over_quad(running_sum);
+    // Row sums: this thread's keys, the quad, then the other warpgroup's tiles.
+    float* sums = reinterpret_cast<float*>(shared + Layout::kSums);  // [warpgroup][row]
+    sum_over_quad(running_sum);
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (lane % 4 == 0) sums[warpgroup * kRowsPerTile + row0 + 8 * half] = running_sum[half];
+    for (int half = 0; half < 2; ++half) {
+      if (lane % 4 == 0) sums[warpgroup * kRowsPerTile + row0 + 8 * half] = running_sum[half];
+    }
+    signal(warpgroup == 0 ? kSumsOf0 : kSumsOf1);
+    await(warpgroup == 0 ? kSumsOf1 : kSumsOf0, 0);
+    // Both warpgroups are past their last tile (the sums handoff above): the key stages are free.
+    const OutputDestination destination = output_destination(args, split);
+    uint8_t* staging = shared + Layout::kKeys;
+    stage_alternating_output(args, destination, batch_index, first_row, rows_here, warpgroup, lane, row0, running_max,
+                             running_sum, sums + (1 - warpgroup) * kRowsPerTile, output, staging);
+    // Every row staged, on an mbarrier (racecheck does not count a named barrier across the two
+    // warpgroups, bar.sync 1, 256, as ordering their shared-memory accesses: see ConsumerBarrier in
+    // narrow_kernel.cuh).
+    signal(kRowsStaged);
+    await(kRowsStaged, 0);
+    // (A row without keys stores zeros; with several splits its LSE is -inf, so the combine step
+    // never reads them.)
+    const float* staged = reinterpret_cast<const float*>(staging);
+    const int64_t* row_offsets = reinterpret_cast<const int64_t*>(staging + kAlternatingStagedRowOffsets);
+    store_staged_rows<1, kAlternatingStagedRowFloats, 0>(args, destination, staged, row_offsets, rows_here, threadIdx.x,
+                                                         kConsumerThreads);
   }
-  signal(warpgroup == 0 ? kSumsOf0 : kSumsOf1);
-  await(warpgroup == 0 ? kSumsOf1 : kSumsOf0, 0);
-  // Both warpgroups are past their last tile (the sums handoff above): the key stages are free.
-  const OutputDestination destination = output_destination(args, split);
-  uint8_t* staging = shared + Layout::kKeys;
-  stage_alternating_output(args, destination, batch_index, first_row, rows_here, warpgroup, lane, row0, running_max,
-                           running_sum, sums + (1 - warpgroup) * kRowsPerTile, output, staging);
-  // Every row staged, on an mbarrier (racecheck does not count a named barrier across the two
-  // warpgroups, bar.sync 1, 256, as ordering their shared-memory accesses: see ConsumerBarrier in
-  // narrow_kernel.cuh).
-  signal(kRowsStaged);
-  await(kRowsStaged, 0);
-  // (A row without keys stores zeros; with several splits its LSE is -inf, so the combine step
-  // never reads them.)
-  store_staged_rows<1, kAlternatingStagedRowFloats, 0>(args, destination, reinterpret_cast<const float*>(staging),
-                                                       reinterpret_cast<const int64_t*>(staging + kAlternatingStagedRowOffsets),
-                                                       rows_here, threadIdx.x, kConsumerThreads);
 }
 
 }  // namespace openmla::kernels::sm90
