@@ -76,6 +76,11 @@ void add_dense_decode_cases(std::vector<Case>& cases);
 // rotated call after call.
 double median_time_us(const Launcher& launcher, int repetitions, Stream stream);
 
+// Steady-state time of one call in microseconds: calls (or graph replays) back to back for
+// `seconds`, total time over the calls. After ~50 ms a GPU under heavy load sits at its power
+// limit, as a serving GPU does; the median above describes the first milliseconds.
+double steady_state_time_us(const Launcher& launcher, double seconds, Stream stream);
+
 // How many input copies keep a rotation of `bytes_per_copy` out of the L2 cache: enough to
 // span several times the L2 of the current device, at least 2, but never more than fit in a
 // fixed memory budget (a copy of a long-context decode case is 1-3 GB).

@@ -37,6 +37,10 @@ options:
   --filter LIST    run only the cases whose "op dtype case" contains one of the
                    comma-separated substrings of LIST (the ceilings always run)
   --quick          10 timed repetitions per case instead of 30
+  --sustain SECONDS
+                   steady state instead: every case, the ceilings included, runs back to
+                   back for SECONDS and the mean time per call is reported (a GPU under
+                   load for more than ~50 ms runs at its power limit, as in serving)
   --json PATH      write the results as JSON to PATH
   --plot PREFIX    write PNG bar charts PREFIX_<op>.png (fraction of ceiling per case)
                    with bench/plot.py; the JSON goes to PREFIX.json unless --json is given
@@ -49,6 +53,7 @@ environment:
 struct Options {
   std::string filter, json_path, plot_prefix;
   bool quick = false;
+  double sustain_seconds = 0;  // > 0: steady-state timing (--sustain)
 };
 
 // Returns false (after saying why) on a malformed command line.
@@ -68,6 +73,16 @@ bool parse_options(int argc, char** argv, Options& options) {
       std::exit(0);
     } else if (argument == "--quick") {
       options.quick = true;
+    } else if (argument == "--sustain") {
+      std::string seconds;
+      if (!next_value(seconds)) return false;
+      char* end = nullptr;
+      options.sustain_seconds = std::strtod(seconds.c_str(), &end);
+      if (end == seconds.c_str() || *end != '\0' || !(options.sustain_seconds > 0)) {
+        std::fprintf(stderr, "openmla-bench: --sustain needs a number of seconds > 0, got '%s'\n",
+                     seconds.c_str());
+        return false;
+      }
     } else if (argument == "--filter") {
       if (!next_value(options.filter)) return false;
     } else if (argument == "--json") {
@@ -150,7 +165,9 @@ bool run_gpu(const Options& options, RunInfo& info, Ceilings& ceilings,
                  bench_case.dtype.c_str(), bench_case.name.c_str());
     try {
       const Launcher launcher = bench_case.prepare();
-      const double time_us = median_time_us(launcher, repetitions, stream);
+      const double time_us = options.sustain_seconds > 0
+                                 ? steady_state_time_us(launcher, options.sustain_seconds, stream)
+                                 : median_time_us(launcher, repetitions, stream);
       std::fprintf(stderr, " %.2f us\n", time_us);
       return time_us;
     } catch (const Error& error) {
@@ -218,6 +235,14 @@ int run(int argc, char** argv) {
   RunInfo info;
   info.commit = commit_id();
   info.date = iso_date_now();
+  char timing[96];
+  if (options.sustain_seconds > 0) {
+    std::snprintf(timing, sizeof timing, "steady state: mean of back-to-back calls over %g s",
+                  options.sustain_seconds);
+  } else {
+    std::snprintf(timing, sizeof timing, "median of %d calls after a 10 ms warm-up", options.quick ? 10 : 30);
+  }
+  info.timing = timing;
   Ceilings ceilings;
   std::vector<Result> results;
   bool ok = true;
@@ -229,6 +254,7 @@ int run(int argc, char** argv) {
     std::printf("no GPU found: running the CPU reference on a small case\n");
     info.gpu = "none (CPU reference)";
     info.driver = info.cuda = "none";
+    info.timing = "host wall clock";
     results = run_cpu_reference();
     std::printf("\n");
   }

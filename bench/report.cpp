@@ -83,7 +83,8 @@ std::string results_json(const RunInfo& info, const Ceilings& ceilings,
       .field("driver", info.driver)
       .field("cuda", info.cuda)
       .field("commit", info.commit)
-      .field("date", info.date);
+      .field("date", info.date)
+      .field("timing", info.timing);
   json.key("ceilings")
       .begin_object()
       .field("copy_gbps", ceilings.copy_gbps)

@@ -12,6 +12,7 @@ namespace openmla::bench {
 // What the results were measured on.
 struct RunInfo {
   std::string gpu, driver, cuda, commit, date;
+  std::string timing;  // how each time was taken (median of a short run, or steady state)
 };
 
 // The commit of the build (configure time), or $OPENMLA_COMMIT when set.
@@ -20,7 +21,7 @@ std::string commit_id();
 std::string iso_date_now();
 
 void print_table(const std::vector<Result>& results);
-// The JSON document: {"gpu", "driver", "cuda", "commit", "date", "ceilings": {...},
+// The JSON document: {"gpu", "driver", "cuda", "commit", "date", "timing", "ceilings": {...},
 // "results": [...]}, unknown numbers as null.
 std::string results_json(const RunInfo& info, const Ceilings& ceilings,
                          const std::vector<Result>& results);
