@@ -56,6 +56,9 @@ struct Options {
   double sustain_seconds = 0;  // > 0: steady-state timing (--sustain)
 };
 
+// Timed calls per case in the default (median) timing.
+int timed_repetitions(const Options& options) { return options.quick ? 10 : 30; }
+
 // Returns false (after saying why) on a malformed command line.
 bool parse_options(int argc, char** argv, Options& options) {
   for (int i = 1; i < argc; ++i) {
@@ -155,7 +158,7 @@ bool run_gpu(const Options& options, RunInfo& info, Ceilings& ceilings,
     }
   }
 
-  const int repetitions = options.quick ? 10 : 30;
+  const int repetitions = timed_repetitions(options);
   const int total = int(ceiling_list.size() + cases.size());
   int step = 0;
   bool all_ran = true;
@@ -240,7 +243,8 @@ int run(int argc, char** argv) {
     std::snprintf(timing, sizeof timing, "steady state: mean of back-to-back calls over %g s",
                   options.sustain_seconds);
   } else {
-    std::snprintf(timing, sizeof timing, "median of %d calls after a 10 ms warm-up", options.quick ? 10 : 30);
+    std::snprintf(timing, sizeof timing, "median of %d calls after a 10 ms warm-up",
+                  timed_repetitions(options));
   }
   info.timing = timing;
   Ceilings ceilings;

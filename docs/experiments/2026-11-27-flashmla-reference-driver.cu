@@ -177,8 +177,7 @@ static void setup(Problem& P, const Case& c, int sm_count, const std::vector<uin
     m.num_sm_parts = P.num_sm_parts;
 
     // Flash_fwd_mla_params exactly as mha_fwd_kvcache_mla() in flash_api.cpp
-    bool is_causal = false;
-    if (P.Sq == 1) is_causal = false;
+    const bool is_causal = false;  // the benchmark cases are not causal
     Flash_fwd_mla_params& p = P.params;
     p = {};
     p.b = P.B;
