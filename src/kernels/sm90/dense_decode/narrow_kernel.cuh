@@ -34,7 +34,8 @@
 // shared memory, and the spare room keeps more bytes in flight). 32-row tiles with a 16-bit
 // cache moved D2 Hq 32 off the 64-row kernel (431 -> 419 us on an H100, as fast as Hq 16).
 // Pipeline: the next tiles stream in while tile t is computed; two warpgroup barriers per tile
-// (three when the tile is partial). With an FP8 cache the V^T fragments of batch i + 1 (4 wgmma)
+// (three when the tile is partial). A 16-bit tile lands in three parts (kParts), S^T starting
+// on the first. With an FP8 cache the V^T fragments of batch i + 1 (4 wgmma)
 // are loaded and widened while batch i runs, and a stage is released as soon as its last bytes
 // are in registers.
 // Softmax, epilogue: as the alternating kernel (base-2 online softmax with -inf guards; one split
@@ -74,6 +75,11 @@ struct NarrowLayout {
                     register_split_fits(kThreads, kConsumers, kConsumerRegisters, kProducerThreads, kProducerRegisters),
                 "the consumers' setmaxnreg.inc must be satisfiable");
   static constexpr int kStages = !kFp8Cache ? 2 : (kRows == 16 ? 5 : 4);
+  // A 16-bit tile lands in three parts of 3 blocks of 64 dims, each on its own full barrier, so
+  // that S^T starts on the first part while the rest streams in (a CTA of D4 / D5 computes one
+  // to four tiles, the first straight after it lands). FP8 tiles land whole: in three parts
+  // they measured within +-2% on FP8 D4 / D5 (perf log, session 30).
+  static constexpr int kParts = kFp8Cache ? 1 : 3;
   static constexpr int kStageBytes = kFp8Cache ? kRawFp8StageBytes : kTileBlockBytes;
   static constexpr int kQuery = 0;  // 9 swizzled blocks of kRows lines
   static constexpr int kKeys = kDimBlocks * kRows * 128;  // the stages
@@ -81,9 +87,9 @@ struct NarrowLayout {
   static constexpr int kExchange = kProbabilities + kGroups * kRows * 128;  // [group][4 warps][kRows]
   static constexpr int kMerge = kExchange + kGroups * 4 * kRows * 4;  // [group][max, sum][kRows]
   static constexpr int kRowFactors = kMerge + kGroups * 2 * kRows * 4;  // [kRows]: bf16 q, FP8 cache
-  // full[kStages x kGroups], empty[kStages], then the consumers' barrier
+  // full[kStages x kGroups x kParts], empty[kStages], then the consumers' barrier
   static constexpr int kBarriers = kRowFactors + kRows * 4;
-  static constexpr int kBytes = kBarriers + (kStages * kGroups + kStages + 1) * 8;
+  static constexpr int kBytes = kBarriers + (kStages * kGroups * kParts + kStages + 1) * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
   // After the last tile the output is staged in the key stages: [group][kRows][512 + 4] floats
   // (the padding puts the 4 rows that one store instruction of a warp writes in distinct banks),
@@ -177,7 +183,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
   uint8_t* query = shared + Layout::kQuery;
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
-  uint64_t* empty = full + Layout::kStages * Layout::kGroups;
+  uint64_t* empty = full + Layout::kStages * Layout::kGroups * Layout::kParts;
   uint8_t* stages = shared + Layout::kKeys;
 
   wait_for_previous_grid();  // PDL (see alternating_kernel.cuh)
@@ -193,7 +199,7 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
 
   // A stage is released by the one warpgroup that consumes the tile in it (tile t: stage
   // t % kStages, warpgroup t % kGroups).
-  init_stage_barriers(full, empty, kNarrowGroupThreads, Layout::kStages, Layout::kGroups);
+  init_stage_barriers(full, empty, kNarrowGroupThreads, Layout::kStages, Layout::kGroups, Layout::kParts);
   ConsumerBarrier consumers{Layout::kGroups > 1 ? empty + Layout::kStages : nullptr};
   if constexpr (Layout::kGroups > 1) {
     if (threadIdx.x == 0) {
@@ -205,7 +211,8 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
   if (threadIdx.x >= Layout::kConsumers) {
     if constexpr (Layout::kGroups > 1) set_register_count<kProducerRegisters, false>();
     if (threadIdx.x == Layout::kConsumers) {
-      produce_key_tiles<kFp8Cache, Layout::kStages, Layout::kGroups>(&cache_map, args, table_row, range, stages, full, empty);
+      produce_key_tiles<kFp8Cache, Layout::kStages, Layout::kGroups, Layout::kParts>(&cache_map, args, table_row, range,
+                                                                                     stages, full, empty);
     }
     return;
   }
@@ -266,9 +273,15 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
     const int stage = tile % Layout::kStages;
     const int first_key = range.begin + tile * kTileKeys;
     const int valid = range.length - first_key;
-    mbarrier_wait(&full[stage * Layout::kGroups + group], full_phase<Layout::kStages, Layout::kGroups>(tile));
+    const int full_parity = full_phase<Layout::kStages, Layout::kGroups>(tile);
+    auto wait_for_part = [&](int part) {
+      mbarrier_wait(&full[(stage * Layout::kGroups + group) * Layout::kParts + part], full_parity);
+    };
+    wait_for_part(0);
     uint8_t* keys = stages + stage * Layout::kStageBytes;
     if (valid < kTileKeys) {
+#pragma unroll
+      for (int part = 1; part < Layout::kParts; ++part) wait_for_part(part);  // zeroing writes every block
       if constexpr (kFp8Cache) {
         zero_key_lines<kDimBlocks, 64>(keys, valid, threadIdx.x % kNarrowGroupThreads, kNarrowGroupThreads);
       } else {
@@ -316,11 +329,16 @@ __global__ void __launch_bounds__(NarrowLayout<kFp8Cache, kRows>::kThreads, 1)
       // S^T = K Q^T, its 36 k steps spread over independent accumulators (summed below): one
       // chain of dependent wgmma is latency-bound at these small N.
       constexpr int kChains = 4;
+      constexpr int kStepsPerPart = kHeadDim / 16 / Layout::kParts;
       float chains[kChains][kRows / 2];
       const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);
       wgmma_fence();
 #pragma unroll
       for (int step = 0; step < kHeadDim / 16; ++step) {
+        if (step > 0 && step % kStepsPerPart == 0) {  // (the fence after the wait keeps ptxas
+          wait_for_part(step / kStepsPerPart);       // from serialising every wgmma: C7518)
+          wgmma_fence();
+        }
         wgmma_rows<kHalf, kRows>(chains[step % kChains],
                               advance_descriptor(key_descriptor, (step / 4) * kSwizzleBlockBytes + (step % 4) * 32),
                               advance_descriptor(query_descriptor, (step / 4) * (kRows * 128) + (step % 4) * 32),
