@@ -77,9 +77,6 @@
 namespace openmla::kernels::sm90 {
 
 constexpr int kRopeSteps = (kHeadDim - kLatentDim) / 16;  // S's k steps over the rope dims: 4
-// How far (base 2) a tile's row maximum may pass the softmax's reference before the reference
-// moves (16-bit P: p <= 2^8; see own_softmax).
-constexpr float kReferenceSlackLog2 = 8.0f;
 
 // Handoffs between the warpgroups: mbarriers that all 128 threads of the signalling warpgroup
 // arrive on (release) and the other waits on (acquire), one phase per pair; the waiter passes
@@ -211,7 +208,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);  // [stage][part]
   uint64_t* empty = full + kStages * kKeyParts;
   uint64_t* handoffs = reinterpret_cast<uint64_t*>(shared + Layout::kHandoffs);
-  // Whole warps signal (see ConsumerBarrier in narrow_kernel.cuh: no lane of a warp waits
+  // Whole warps signal (see narrow_fp8_kernel.cuh `signal`: no lane of a warp waits
   // while another lane of it has yet to arrive).
   auto signal = [&](int handoff) {
     __syncwarp();
@@ -758,8 +755,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
     stage_alternating_output(args, destination, batch_index, first_row, rows_here, warpgroup, lane, row0, running_max,
                              running_sum, sums + (1 - warpgroup) * kRowsPerTile, output, staging);
     // Every row staged, on an mbarrier (racecheck does not count a named barrier across the two
-    // warpgroups, bar.sync 1, 256, as ordering their shared-memory accesses: see ConsumerBarrier in
-    // narrow_kernel.cuh).
+    // warpgroups, bar.sync 1, 256, as ordering their shared-memory accesses: see narrow_fp8_kernel.cuh
+    // `meet`).
     signal(kRowsStaged);
     await(kRowsStaged, 0);
     // (A row without keys stores zeros; with several splits its LSE is -inf, so the combine step

@@ -1,5 +1,6 @@
-// Dense MLA decode on Hopper: the launcher. Picks the kernel (narrow_kernel.cuh for <= 32
-// query rows, in tiles of 16 or 32; else alternating_kernel.cuh, 64-row tiles) and the
+// Dense MLA decode on Hopper: the launcher. Picks the kernel (for <= 32 query rows, in tiles of
+// 16 or 32, narrow_kernel.cuh with a 16-bit cache, narrow_fp8_kernel.cuh with an FP8 one; else
+// alternating_kernel.cuh, 64-row tiles) and the
 // instantiation for the dtypes, describes the cache to the TMA, plans the split-KV grid from
 // shapes alone (plan/decode_plan.h), and launches the attention kernel and, when the plan has
 // several splits, the combine kernel (combine_kernel.cuh: a warp per row for balanced plans
@@ -19,6 +20,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/sm90/dense_decode/alternating_kernel.cuh"
 #include "kernels/sm90/dense_decode/combine_kernel.cuh"
+#include "kernels/sm90/dense_decode/narrow_fp8_kernel.cuh"
 #include "kernels/sm90/dense_decode/narrow_kernel.cuh"
 #include "plan/decode_plan.h"
 
@@ -93,10 +95,15 @@ void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid
                "cudaFuncSetAttribute");
     launch_kernel(kOp, kernel, grid, dim3(threads), bytes, stream, programmatic, cache_map, args);
   };
-  auto launch_narrow = [&](auto rows) {  // the transposed kernel: the rows are wgmma's N
-    using Layout = NarrowLayout<kFp8Cache, decltype(rows)::value>;
-    launch(dense_decode_narrow_kernel<kHalf, kFp8Q, kFp8Cache, decltype(rows)::value>, Layout::kThreads,
-           Layout::kLaunchBytes);
+  auto launch_narrow = [&](auto rows) {  // the transposed kernels: the rows are wgmma's N
+    constexpr int kRows = decltype(rows)::value;
+    if constexpr (kFp8Cache) {
+      using Layout = NarrowFp8Layout<kFp8Q, kRows>;
+      launch(dense_decode_narrow_fp8_kernel<kFp8Q, kRows>, Layout::kThreads, Layout::kLaunchBytes);
+    } else {
+      using Layout = NarrowLayout<kRows>;
+      launch(dense_decode_narrow_kernel<kHalf, kRows>, Layout::kThreads, Layout::kLaunchBytes);
+    }
   };
   if (uses_narrow_kernel(args.rows)) {  // the same test picks the TMA swizzle
     if (args.rows <= 16) {

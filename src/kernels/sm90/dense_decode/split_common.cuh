@@ -27,6 +27,9 @@ constexpr float kLn2 = 0.6931471805599453f;  // base-2 LSE -> natural: one multi
 // A split gets at least one 64-key tile: below that a CTA's fixed cost (Q, pipeline fill)
 // outweighs its work; short requests then leave the last splits empty (they exit at once).
 constexpr int kMinKeysPerSplit = 64;
+// How far (base 2) a tile's row maximum may pass the softmax's reference before the reference
+// moves (16-bit P: p <= 2^8; alternating_kernel.cuh own_softmax, narrow_fp8_kernel.cuh).
+constexpr float kReferenceSlackLog2 = 8.0f;
 
 struct SplitArgs {
   const uint8_t* q;  // element strides below are in q's own element size

@@ -1,0 +1,460 @@
+// Dense MLA decode, split-KV attention kernel for few query rows (Sq x Hq <= 32) with an FP8
+// cache, on Hopper warpgroup MMA, transposed as narrow_kernel.cuh (the rows are wgmma's N), the
+// work split by role instead of by tile.
+//
+// What: softmax attention of kRows (16 or 32) query rows over one split's keys, V = the first 512
+// dims of the cache rows, from the raw e4m3 tiles (never widened in shared memory).
+// Roles (512 threads): warpgroup 2 scores every tile (S^T = K Q^T on e4m3 wgmma, its online
+// softmax, P^T into one of two P buffers with each row's rescale factor); warpgroups 0 and 1
+// each run O^T += V^T P^T over their own 256 value dims; warpgroup 3 is the producer (one
+// thread issues the TMA). The roles work on different tiles at once: the score warpgroup on tile
+// t + 1 while the output warpgroups multiply tile t. (Until session 31 two warpgroups took the
+// 32-row tiles in turn, each with the whole chain S^T, softmax, O^T over 512 dims: one chain per
+// tile, ~1350 instructions a warp, and on an H200 FP8 D2 Hq 32 stopped at 0.70 of copy with
+// neither the DRAM, the issue slots nor the tensor pipe above 47%; perf log, session 30.)
+// Tiling: key tiles of 64 tokens.
+// - S^T (64 keys x kRows): e4m3 wgmma m64nNk32, 18 steps, A = the raw tile as the TMA landed it
+//   (64-byte swizzle), B = Q's e4m3 lines (an fp8 q as it is, N = kRows; a bf16 q as high and
+//   low parts, N = 2 kRows, summed after, fp8_tiles.cuh load_e4m3_query_rows), in 3 (16 rows) or
+//   2 (32 rows) segments of steps accumulated afresh and added in fp32 (e4m3 wgmma keeps ~13
+//   bits of each step).
+// - softmax over keys (M): row maxima over the 8 lanes that share a row, then over the 4 warps
+//   through shared memory (one named barrier; the exchange alternates between two buffers so
+//   that tile t + 1's writes cannot overtake tile t's reads).
+// - O^T (256 dims x kRows per output warpgroup) += V^T P^T: 4 k steps x 4 M tiles of fp16 wgmma
+//   m64nNk16, A = V^T fragments widened from the raw tile in registers (fp8_fragments.cuh
+//   ValueFragmentReader), B = P^T; the batch of k step s + 1 is loaded while batch s runs.
+// Handoffs (mbarriers): published[b] (score -> output: tile t's P^T, factors and moved flag in
+// buffer b = t % 2), consumed[b] (output -> score: tile t's products are done, buffer b may be
+// rewritten for t + 2), finished (score -> output: row normalisers, LSEs and row offsets).
+// The raw stages are released by the output warpgroups once a tile's V^T is in registers; the
+// score warpgroup's reads of the stage end before it publishes the tile, so before that.
+// Epilogue: the output warpgroups stage their normalised rows (dims in the fragments' order,
+// restored here) in the free key stages and store them row-contiguously (as narrow_kernel.cuh).
+// Limits: Sq * Hq <= 32, FP8 E4M3 cache, q bf16 / fp16 (as e4m3 parts) or e4m3.
+#pragma once
+
+#include "kernels/sm90/dense_decode/fp8_tiles.cuh"
+#include "kernels/sm90/dense_decode/narrow_kernel.cuh"
+
+namespace openmla::kernels::sm90 {
+
+// D (64 x kRows) += A (an fp16 m64k16 fragment in registers) * B (K-major fp16, kRows lines).
+template <int kRows>
+__device__ __forceinline__ void wgmma_rows_a_registers(float (&d)[kRows / 2], const uint32_t (&a)[4], uint64_t b,
+                                                       bool accumulate) {
+  if constexpr (kRows == 16) {
+    wgmma_64x16x16_a_registers<true>(d, a, b, accumulate);
+  } else {
+    wgmma_64x32x16_a_registers<true>(d, a, b, accumulate);
+  }
+}
+
+// D (64 x kLines) += A (K-major e4m3: the raw key tile) * B (K-major e4m3: Q's lines), k 32.
+template <int kLines>
+__device__ __forceinline__ void wgmma_lines_fp8(float (&d)[kLines / 2], uint64_t a, uint64_t b, bool accumulate) {
+  if constexpr (kLines == 16) {
+    wgmma_64x16x32_fp8(d, a, b, accumulate);
+  } else if constexpr (kLines == 32) {
+    wgmma_64x32x32_fp8(d, a, b, accumulate);
+  } else {
+    static_assert(kLines == 64, "16, 32 or 64 query lines");
+    wgmma_64x64x32_fp8(d, a, b, accumulate);
+  }
+}
+
+template <bool kFp8Q, int kRows>
+struct NarrowFp8Layout {
+  static_assert(kRows == 16 || kRows == 32, "16 or 32 query rows");
+  static constexpr int kQueryLines = kFp8Q ? kRows : 2 * kRows;
+  // Warpgroup 0: the output; 1 and 2: the scores of the even / odd tiles; 3: the producer.
+  static constexpr int kThreads = 512;
+  static constexpr int kProducerGroup = 3;
+  // Registers after setmaxnreg: 128 x output + 2 x 128 x score + 128 x 24 <= 64 K (512 threads
+  // launch with 128 each). The output warpgroup holds O^T (8 x kRows / 2 fp32) and two batches
+  // of V^T fragments (32); a score warpgroup S^T's segments (kQueryLines) and the softmax state.
+  static constexpr int kOutputRegisters = 200, kScoreRegisters = 144;
+  static_assert((kOutputRegisters - 128) + 2 * (kScoreRegisters - 128) <= 128 - kProducerRegisters,
+                "the consumers' setmaxnreg.inc must be satisfiable");
+  static constexpr int kQuery = 0;  // 9 blocks of [kQueryLines][64 bytes]
+  static constexpr int kKeys = kDimBlocks * kQueryLines * 64;
+  // Five raw stages where they fit beside Q (all but 32 rows of a bf16 q, whose 64 e4m3 lines
+  // take 36 KB): more bytes in flight per SM.
+  static constexpr int kStages = kKeys + 5 * kRawFp8StageBytes + 2 * kRows * 128 + 4096 <= kMaxSharedBytes - 1024 ? 5 : 4;
+  static constexpr int kProbabilities = kKeys + kStages * kRawFp8StageBytes;  // [2][kRows][64 keys] fp16
+  static constexpr int kExchange = kProbabilities + 2 * kRows * 128;  // [score group][2][4 warps][kRows] floats
+  static constexpr int kReferences = kExchange + 2 * 2 * 4 * kRows * 4;  // [2][kRows]: the reference after tile t
+  static constexpr int kFactors = kReferences + 2 * kRows * 4;          // [2][kRows]: O^T's rescale before tile t
+  static constexpr int kSums = kFactors + 2 * kRows * 4;            // [2][kRows]: each score group's row sums
+  static constexpr int kNormalizers = kSums + 2 * kRows * 4;        // [kRows]
+  static constexpr int kRowFactors = kNormalizers + kRows * 4;      // [kRows]: a bf16 q's 2^s
+  static constexpr int kRowOffsets = kRowFactors + kRows * 4;       // [kRows] int64
+  static constexpr int kMovedFlags = kRowOffsets + kRows * 8;       // [2] int (+ padding)
+  // full[kStages], empty[kStages], published[2], consumed[2], reference_published[2], finished,
+  // scores_met
+  static constexpr int kBarriers = kMovedFlags + 16;
+  static constexpr int kBytes = kBarriers + (2 * kStages + 8) * 8;
+  static constexpr int kLaunchBytes = kBytes + 1024;
+  // After the last tile the output is staged in the key stages: [kRows][512 + 4] floats.
+  static constexpr int kStagedRowFloats = kLatentDim + 4;
+  static_assert(kRows * kStagedRowFloats * 4 <= kStages * kRawFp8StageBytes, "output staging fits the stages");
+  static_assert(kKeys % 1024 == 0 && kProbabilities % 1024 == 0, "swizzled buffers are 1024-byte aligned");
+  static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
+};
+
+template <bool kFp8Q, int kRows>
+__global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
+    dense_decode_narrow_fp8_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
+  using Layout = NarrowFp8Layout<kFp8Q, kRows>;
+  constexpr int kSlots = kRows / 4;  // query rows per thread (accumulator columns)
+  constexpr int kQueryLines = Layout::kQueryLines;
+  constexpr int kSegments = kRows == 16 ? 3 : 2;  // of S^T's e4m3 steps
+  constexpr int kStages = Layout::kStages;
+  // Named barriers: the output warpgroup (1), score warpgroup g (1 + g), both score warpgroups (4).
+  constexpr int kOutputBarrier = 1, kScoresBarrier = 4;
+  extern __shared__ uint8_t raw_shared[];
+  uint8_t* shared = raw_shared + ((1024 - (shared_address(raw_shared) & 1023)) & 1023);
+  uint8_t* query = shared + Layout::kQuery;
+  uint8_t* stages = shared + Layout::kKeys;
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
+  uint64_t* empty = full + kStages;
+  uint64_t* published = empty + kStages;
+  uint64_t* consumed = published + 2;
+  uint64_t* reference_published = consumed + 2;
+  uint64_t* finished = reference_published + 2;
+  uint64_t* scores_met = finished + 1;
+  auto probabilities = [&](int which) { return shared + Layout::kProbabilities + which * (kRows * 128); };
+  float* references = reinterpret_cast<float*>(shared + Layout::kReferences);  // [which][row]
+  float* factors = reinterpret_cast<float*>(shared + Layout::kFactors);  // [which][row]
+  float* sums = reinterpret_cast<float*>(shared + Layout::kSums);        // [score group][row]
+  float* normalizers = reinterpret_cast<float*>(shared + Layout::kNormalizers);
+  float* row_factors = reinterpret_cast<float*>(shared + Layout::kRowFactors);
+  int64_t* row_offsets = reinterpret_cast<int64_t*>(shared + Layout::kRowOffsets);
+  int* moved_flags = reinterpret_cast<int*>(shared + Layout::kMovedFlags);
+  // Whole warps signal: the warp reconverges first, so that no lane spins in try_wait while
+  // lanes of its own warp (after an `if (lane < 4)` block, say) have yet to arrive.
+  auto signal = [](uint64_t* barrier) {
+    __syncwarp();
+    mbarrier_arrive(barrier);
+  };
+  // The parity of the phase that tile t completes on a barrier of its buffer (t % 2).
+  auto phase_of = [](int tile) { return (tile / 2) % 2; };
+
+  wait_for_previous_grid();  // PDL (see alternating_kernel.cuh)
+  allow_next_grid();
+
+  const CtaWork work = cta_work(args, reinterpret_cast<int*>(stages));
+  const int batch_index = work.batch_index, split = work.split;
+  const int rows_here = args.rows;  // <= kRows: one row tile
+  start_early_loads<(kFp8Q ? 1 : 2)>(&cache_map, args, batch_index, 0, rows_here);
+  const KeyRange range = split_key_range(args, work, 0, rows_here);
+  const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
+  if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;
+
+  init_stage_barriers(full, empty, 128, kStages);
+  if (threadIdx.x == 0) {
+    for (int which = 0; which < 2; ++which) {
+      mbarrier_init(&published[which], 128);
+      mbarrier_init(&consumed[which], 128);
+      mbarrier_init(&reference_published[which], 128);
+    }
+    mbarrier_init(finished, 128);
+    mbarrier_init(scores_met, 256);
+    fence_barrier_init();
+  }
+  __syncthreads();  // the last barrier of all threads: each role leaves on its own
+  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  if (warpgroup == Layout::kProducerGroup) {
+    set_register_count<kProducerRegisters, false>();
+    if (threadIdx.x == Layout::kProducerGroup * 128) {
+      produce_key_tiles<true, kStages>(&cache_map, args, table_row, range, stages, full, empty);
+    }
+    return;
+  }
+
+  // Accumulator element i of this thread: key (S^T) or dim (O^T) row 16 warp + lane / 4 + 8
+  // ((i / 2) % 2), query row (N) 8 (i / 4) + 2 (lane % 4) + i % 2: kSlots rows ("slots"
+  // 2 (i / 4) + i % 2) per thread, the same in every warp (so every warp sees all kRows rows).
+  auto slot_of = [](int i) { return 2 * (i / 4) + i % 2; };
+  auto row_of_slot = [lane](int slot) { return 8 * (slot / 2) + 2 * (lane % 4) + slot % 2; };
+
+  if (warpgroup != 0) {
+    // A score warpgroup: tiles first, first + 2, ... (first = its group's index - 1).
+    set_register_count<Layout::kScoreRegisters, true>();
+    const int first = warpgroup - 1;
+    const int own_barrier = 1 + warpgroup;
+    // The two score warpgroups meet on an mbarrier, whose arrive (release) / wait (acquire)
+    // orders their shared-memory accesses (racecheck did not count named barriers spanning
+    // warpgroups, bar.sync 4, 384, as doing so): once Q is in (phase 0), once both groups' row
+    // sums are (phase 1).
+    auto meet = [&](int phase) {
+      __syncwarp();
+      mbarrier_arrive(scores_met);
+      mbarrier_wait(scores_met, phase);
+    };
+    // Q by both score warpgroups with 32 rows (by one, a bf16 q's loads in flight took 72
+    // registers and spilled), by the first with 16 (8-dim units per row: 72).
+    if constexpr (kRows == 32) {
+      load_e4m3_query_rows<kRows, 256, !kFp8Q>(args, batch_index, 0, rows_here, query, row_factors, kScoresBarrier);
+    } else if (first == 0) {
+      load_e4m3_query_rows<kRows, 128, !kFp8Q>(args, batch_index, 0, rows_here, query, row_factors, own_barrier);
+    }
+    meet(0);
+    const int lane_row_visible = row_visible_end(args, range, 0, lane, rows_here);
+    int visible[kSlots];
+    // reference: the softmax's reference as of this group's last tile (-inf while no key; used
+    // as 0 then); running_sum: the sums of this thread's keys, relative to it.
+    float logit_scale[kSlots], reference[kSlots], used_reference[kSlots], running_sum[kSlots];
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) {
+      visible[slot] = __shfl_sync(0xffffffffu, lane_row_visible, row_of_slot(slot));
+      logit_scale[slot] = args.logit_scale_log2 * (kFp8Q ? 1.0f : row_factors[row_of_slot(slot)]);
+      reference[slot] = -INFINITY;
+      running_sum[slot] = 0.0f;
+    }
+    const uint64_t query_descriptor = make_descriptor_64b(query, 512);
+    // The reference after tile t - 1 (published by the other score warpgroup; -inf: no key yet).
+    auto previous_reference = [&](int tile, int slot) {
+      return tile == 0 ? -INFINITY : references[((tile - 1) % 2) * kRows + row_of_slot(slot)];
+    };
+    for (int tile = first; tile < range.tiles; tile += 2) {
+      const int stage = tile % kStages, which = tile % 2;
+      const int first_key = range.begin + tile * kTileKeys;
+      const int valid = range.length - first_key;
+      float* exchange = reinterpret_cast<float*>(shared + Layout::kExchange) + (2 * first + (tile / 2) % 2) * 4 * kRows;
+      mbarrier_wait(&full[stage], full_phase<kStages>(tile));
+      uint8_t* keys = stages + stage * kRawFp8StageBytes;
+      if (valid < kTileKeys) {  // slots past the end may hold NaN: P = 0 times NaN is NaN
+        zero_key_lines<kDimBlocks, 64>(keys, valid, threadIdx.x % 128, 128);
+        fence_shared_for_async_proxy();
+        sync_named(own_barrier, 128);
+      }
+
+      // S^T on e4m3 wgmma from the raw tile, in kSegments segments each accumulated afresh and
+      // added in fp32 (narrow_kernel.cuh explains the arrays).
+      constexpr int kSegmentSteps = kHeadDim / 32 / kSegments;
+      static_assert(kSegmentSteps * kSegments * 32 == kHeadDim, "whole segments");
+      float scores[kRows / 2];
+      float terms[kSegments][kQueryLines / 2];
+      const uint64_t key_descriptor = make_descriptor_64b(keys, 512);
+#pragma unroll
+      for (int segment = 0; segment < kSegments; ++segment) {
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kSegmentSteps; ++k) {
+          const int step = segment * kSegmentSteps + k, offset = (step % 2) * 32;
+          wgmma_lines_fp8<kQueryLines>(terms[segment],
+                                       advance_descriptor(key_descriptor, (step / 2) * kRawBlockBytes + offset),
+                                       advance_descriptor(query_descriptor, (step / 2) * (kQueryLines * 64) + offset),
+                                       k > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();  // (one segment at a time: both segments' terms at once spilled)
+        fence_accumulators(terms[segment]);
+#pragma unroll
+        for (int i = 0; i < kRows / 2; ++i) {
+          const float sum = kFp8Q ? terms[segment][i] : terms[segment][i] + terms[segment][i + kRows / 2];
+          scores[i] = segment == 0 ? sum : scores[i] + sum;
+        }
+      }
+
+      // Online softmax over keys, base 2: the tile's row maxima over this group's 4 warps, then
+      // the reference through tile t, from the other group's through tile t - 1.
+      float tile_max[kSlots];
+#pragma unroll
+      for (int slot = 0; slot < kSlots; ++slot) tile_max[slot] = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kRows / 2; ++i) {
+        const int key = first_key + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+        scores[i] = key < visible[slot_of(i)] ? scores[i] * logit_scale[slot_of(i)] : -INFINITY;
+        tile_max[slot_of(i)] = fmaxf(tile_max[slot_of(i)], scores[i]);
+      }
+#pragma unroll
+      for (int slot = 0; slot < kSlots; ++slot) {
+#pragma unroll
+        for (int mask = 4; mask < 32; mask *= 2) {
+          tile_max[slot] = fmaxf(tile_max[slot], __shfl_xor_sync(0xffffffffu, tile_max[slot], mask));
+        }
+        if (lane < 4) exchange[warp * kRows + row_of_slot(slot)] = tile_max[slot];
+      }
+      sync_named(own_barrier, 128);  // all warps' maxima in
+      if (tile > 0) mbarrier_wait(&reference_published[1 - which], phase_of(tile - 1));
+      // Lazy reference (as the 64-row kernel's, kReferenceSlackLog2): it moves only when the
+      // tile's row maximum passes it by more than 2^8, so that most tiles leave O^T's factors 1
+      // and the output warpgroup skips the rescale of its accumulators (its chain bounds the
+      // kernel). p <= 2^8 keeps its relative precision in fp16. (A NaN maximum compares false.)
+      float new_reference[kSlots], factor[kSlots];
+      bool moved = false;
+#pragma unroll
+      for (int slot = 0; slot < kSlots; ++slot) {
+        const int row = row_of_slot(slot);
+        const float before = previous_reference(tile, slot);
+        const float row_max = fmaxf(fmaxf(exchange[row], exchange[kRows + row]),
+                                    fmaxf(exchange[2 * kRows + row], exchange[3 * kRows + row]));
+        new_reference[slot] = row_max > before + kReferenceSlackLog2 ? row_max : before;
+        const float used = new_reference[slot] == -INFINITY ? 0.0f : new_reference[slot];  // no key yet: p = 0
+        factor[slot] = fast_exp2(before - used);  // O^T's (0 before a row's first key: O^T is 0 there)
+        moved |= factor[slot] != 1.0f && before != -INFINITY;
+        running_sum[slot] *= fast_exp2(reference[slot] - used);
+        reference[slot] = new_reference[slot];
+        used_reference[slot] = used;
+      }
+      if (warp == 0 && lane < 4) {
+#pragma unroll
+        for (int slot = 0; slot < kSlots; ++slot) references[which * kRows + row_of_slot(slot)] = new_reference[slot];
+      }
+      signal(&reference_published[which]);  // (the reads of the other buffer are done: the next write to it follows this)
+      // Every warp holds every row (lanes 4 apart share rows), so this is the same in all warps.
+      moved = __any_sync(0xffffffffu, moved);
+
+      if (tile >= 2) mbarrier_wait(&consumed[which], phase_of(tile - 2));  // tile t - 2's products are done
+      uint8_t* probability_rows = probabilities(which);
+#pragma unroll
+      for (int i = 0; i < kRows / 2; ++i) {
+        const float probability = fast_exp2(scores[i] - used_reference[slot_of(i)]);
+        running_sum[slot_of(i)] += probability;
+        const int key = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+        *reinterpret_cast<uint16_t*>(probability_rows + swizzled_offset(row_of_slot(slot_of(i)), value_column_of_key(key))) =
+            uint16_t(pack_two<true>(probability, 0.0f) & 0xffffu);
+      }
+      if (warp == 0 && lane < 4) {
+#pragma unroll
+        for (int slot = 0; slot < kSlots; ++slot) factors[which * kRows + row_of_slot(slot)] = factor[slot];
+        if (lane == 0) moved_flags[which] = moved;
+      }
+      fence_shared_for_async_proxy();  // P^T is read by wgmma
+      signal(&published[which]);
+    }
+
+    // Row sums: this thread's keys, the 8 lanes of the row, the 4 warps (through an exchange
+    // buffer of this group's, whose last reads were before its last tile's barrier), then
+    // rescaled to the last tile's reference and added over both groups.
+    const int last = range.tiles - 1;
+    if (last % 2 != first) mbarrier_wait(&reference_published[last % 2], phase_of(last));
+    float* exchange = reinterpret_cast<float*>(shared + Layout::kExchange) + 2 * first * 4 * kRows;
+    sync_named(own_barrier, 128);  // (the exchange: a warp may still read its last tile's maxima)
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) {
+#pragma unroll
+      for (int mask = 4; mask < 32; mask *= 2) running_sum[slot] += __shfl_xor_sync(0xffffffffu, running_sum[slot], mask);
+      if (lane < 4) exchange[warp * kRows + row_of_slot(slot)] = running_sum[slot];
+    }
+    sync_named(own_barrier, 128);
+    if (warp == 0 && lane < 4) {
+#pragma unroll
+      for (int slot = 0; slot < kSlots; ++slot) {
+        const int row = row_of_slot(slot);
+        const float final_reference = references[(last % 2) * kRows + row];
+        const float sum = exchange[row] + exchange[kRows + row] + exchange[2 * kRows + row] + exchange[3 * kRows + row];
+        // (A group without keys in the row has sum 0, whatever its reference.)
+        sums[first * kRows + row] = sum == 0.0f ? 0.0f : sum * fast_exp2(reference[slot] - final_reference);
+      }
+    }
+    meet(1);
+    if (first == 0 && warp == 0 && lane < 4) {
+      const OutputDestination destination = output_destination(args, split);
+#pragma unroll
+      for (int slot = 0; slot < kSlots; ++slot) {
+        const int row = row_of_slot(slot);
+        const FinishedRow done =
+            finish_row(args, sums[row] + sums[kRows + row], references[(last % 2) * kRows + row], row < rows_here);
+        normalizers[row] = done.normalizer;
+        if (row < rows_here) {
+          store_row_lse(args, destination, batch_index, row, done.lse2);
+          row_offsets[row] = destination_row_offset(args, destination, batch_index, row);
+        }
+      }
+    }
+    if (first == 0) signal(finished);
+    return;
+  }
+
+  // The output warpgroup: O^T over all 512 dims (8 M tiles in the fragments' dim order:
+  // fp8_fragments.cuh), in batches of one k step (16 keys) x 4 M tiles, the next batch loaded and
+  // widened while one runs.
+  set_register_count<Layout::kOutputRegisters, true>();
+  constexpr int kTiles = kLatentDim / 64, kPairs = kTiles / 2, kBatches = (kTileKeys / 16) * 2;
+  float output[kTiles][kRows / 2];
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+#pragma unroll
+    for (int i = 0; i < kRows / 2; ++i) output[j][i] = 0.0f;
+  }
+  const ValueFragmentReader value_reader(warp, lane);
+  constexpr int kBuffers = 2;
+  uint32_t fragments[kBuffers][4][4];
+  // Each tile's products are waited for at its end (run on into the next tile, ptxas serialised
+  // every wgmma: C7513), so a rescale needs no wait and the P buffer is handed back at once.
+  for (int tile = 0; tile < range.tiles; ++tile) {
+    const int stage = tile % kStages, which = tile % 2;
+    mbarrier_wait(&published[which], phase_of(tile));
+    if (moved_flags[which] != 0) {
+      float factor[kSlots];
+#pragma unroll
+      for (int slot = 0; slot < kSlots; ++slot) factor[slot] = factors[which * kRows + row_of_slot(slot)];
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+#pragma unroll
+        for (int i = 0; i < kRows / 2; ++i) output[j][i] *= factor[slot_of(i)];
+      }
+    }
+    mbarrier_wait(&full[stage], full_phase<kStages>(tile));  // (landed long ago: for the TMA bytes' visibility)
+    const uint8_t* keys = stages + stage * kRawFp8StageBytes;
+    const uint64_t probability_descriptor = make_descriptor(probabilities(which), 16, 1024);
+    auto load_batch = [&](int batch, uint32_t(&into)[4][4]) {
+      const int step = batch / 2, first_pair = 2 * (batch % 2);
+      value_reader.load(keys, first_pair, step, into[0], into[1]);
+      value_reader.load(keys, first_pair + 1, step, into[2], into[3]);
+    };
+    load_batch(0, fragments[0]);
+#pragma unroll
+    for (int batch = 0; batch < kBatches; ++batch) {
+      const int step = batch / 2, first_tile = 4 * (batch % 2);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        wgmma_rows_a_registers<kRows>(output[first_tile + j], fragments[batch % kBuffers][j],
+                                            advance_descriptor(probability_descriptor, 32 * step), true);
+      }
+      wgmma_commit();
+      if (batch + 1 < kBatches) {
+        wgmma_wait<kBuffers - 1>();  // batch - 1 (the other buffer's last user) is done
+        load_batch(batch + 1, fragments[(batch + 1) % kBuffers]);
+      }
+    }
+    mbarrier_arrive(&empty[stage]);  // every byte of the raw tile this thread reads is in registers
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) fence_accumulators(output[j]);
+    signal(&consumed[which]);
+  }
+  static_assert(kPairs == 4, "two batches of two pairs per k step");
+  mbarrier_wait(finished, 0);
+  float normalizer[kSlots];
+#pragma unroll
+  for (int slot = 0; slot < kSlots; ++slot) normalizer[slot] = normalizers[row_of_slot(slot)];
+  // O^T -> shared [row][dim] floats (the key stages are free: every tile was consumed):
+  // accumulator rows r and r + 8 of M tiles 2p and 2p + 1 are 4 consecutive dims of one query
+  // row, one float4 (narrow_kernel.cuh).
+  float* staged = reinterpret_cast<float*>(stages);
+#pragma unroll
+  for (int pair = 0; pair < kPairs; ++pair) {
+#pragma unroll
+    for (int i = 0; i < kRows / 2; ++i) {
+      if ((i / 2) % 2 != 0) continue;  // accumulator row r + 8: element i + 2
+      const int dim = value_dim_of_row(2 * pair, accumulator_row(warp, lane, i));
+      const float factor = normalizer[slot_of(i)];
+      *reinterpret_cast<float4*>(&staged[row_of_slot(slot_of(i)) * Layout::kStagedRowFloats + dim]) =
+          make_float4(output[2 * pair][i] * factor, output[2 * pair][i + 2] * factor,
+                      output[2 * pair + 1][i] * factor, output[2 * pair + 1][i + 2] * factor);
+    }
+  }
+  sync_named(kOutputBarrier, 128);
+  // (A row without keys stores zeros; with several splits its LSE is -inf, so the combine step
+  // never reads them.)
+  const OutputDestination destination = output_destination(args, split);
+  store_staged_rows<1, Layout::kStagedRowFloats, kRows * Layout::kStagedRowFloats>(
+      args, destination, staged, row_offsets, rows_here, threadIdx.x, 128);
+}
+
+}  // namespace openmla::kernels::sm90
