@@ -429,6 +429,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
     signal(&consumed[which]);
   }
   static_assert(kPairs == 4, "two batches of two pairs per k step");
+  sync_named(kOutputBarrier, 128);  // every warp's last V^T loads are done: the stages take the staging
   mbarrier_wait(finished, 0);
   float normalizer[kSlots];
 #pragma unroll
