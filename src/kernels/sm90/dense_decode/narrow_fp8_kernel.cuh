@@ -1,36 +1,42 @@
 // Dense MLA decode, split-KV attention kernel for few query rows (Sq x Hq <= 32) with an FP8
 // cache, on Hopper warpgroup MMA, transposed as narrow_kernel.cuh (the rows are wgmma's N), the
-// work split by role instead of by tile.
+// work split by role.
 //
 // What: softmax attention of kRows (16 or 32) query rows over one split's keys, V = the first 512
 // dims of the cache rows, from the raw e4m3 tiles (never widened in shared memory).
-// Roles (512 threads): warpgroup 2 scores every tile (S^T = K Q^T on e4m3 wgmma, its online
-// softmax, P^T into one of two P buffers with each row's rescale factor); warpgroups 0 and 1
-// each run O^T += V^T P^T over their own 256 value dims; warpgroup 3 is the producer (one
-// thread issues the TMA). The roles work on different tiles at once: the score warpgroup on tile
-// t + 1 while the output warpgroups multiply tile t. (Until session 31 two warpgroups took the
-// 32-row tiles in turn, each with the whole chain S^T, softmax, O^T over 512 dims: one chain per
-// tile, ~1350 instructions a warp, and on an H200 FP8 D2 Hq 32 stopped at 0.70 of copy with
-// neither the DRAM, the issue slots nor the tensor pipe above 47%; perf log, session 30.)
+// Roles (512 threads): warpgroups 1 and 2 score the even and the odd tiles (S^T = K Q^T on e4m3
+// wgmma, the online softmax, P^T into P buffer t % 2 with each row's rescale factor); warpgroup 0
+// runs O^T += V^T P^T over all 512 value dims for every tile in order; warpgroup 3 is the
+// producer (one thread issues the TMA). So two score chains and the output chain run at once
+// on three tiles. (Until session 31 two (32 rows) or three (16 rows) warpgroups took the tiles
+// in turn, each with the whole chain of a tile, ~1350 instructions a warp: on an H200 FP8 D2
+// Hq 32 stopped at 0.70 of copy with neither the DRAM, the issue slots nor the tensor pipe above
+// 47%. One score warpgroup with two output warpgroups was slower than that: its chain bound
+// the kernel. Perf log, sessions 30 and 31.)
 // Tiling: key tiles of 64 tokens.
 // - S^T (64 keys x kRows): e4m3 wgmma m64nNk32, 18 steps, A = the raw tile as the TMA landed it
 //   (64-byte swizzle), B = Q's e4m3 lines (an fp8 q as it is, N = kRows; a bf16 q as high and
 //   low parts, N = 2 kRows, summed after, fp8_tiles.cuh load_e4m3_query_rows), in 3 (16 rows) or
 //   2 (32 rows) segments of steps accumulated afresh and added in fp32 (e4m3 wgmma keeps ~13
 //   bits of each step).
-// - softmax over keys (M): row maxima over the 8 lanes that share a row, then over the 4 warps
-//   through shared memory (one named barrier; the exchange alternates between two buffers so
-//   that tile t + 1's writes cannot overtake tile t's reads).
-// - O^T (256 dims x kRows per output warpgroup) += V^T P^T: 4 k steps x 4 M tiles of fp16 wgmma
-//   m64nNk16, A = V^T fragments widened from the raw tile in registers (fp8_fragments.cuh
-//   ValueFragmentReader), B = P^T; the batch of k step s + 1 is loaded while batch s runs.
-// Handoffs (mbarriers): published[b] (score -> output: tile t's P^T, factors and moved flag in
-// buffer b = t % 2), consumed[b] (output -> score: tile t's products are done, buffer b may be
-// rewritten for t + 2), finished (score -> output: row normalisers, LSEs and row offsets).
-// The raw stages are released by the output warpgroups once a tile's V^T is in registers; the
-// score warpgroup's reads of the stage end before it publishes the tile, so before that.
-// Epilogue: the output warpgroups stage their normalised rows (dims in the fragments' order,
-// restored here) in the free key stages and store them row-contiguously (as narrow_kernel.cuh).
+// - softmax over keys (M): row maxima over the 8 lanes that share a row, then over the 4 warps of
+//   the score warpgroup through shared memory (one named barrier; its exchange alternates
+//   between two buffers so that the next tile's writes cannot overtake this tile's reads); then
+//   the reference, lazy (it moves only when a row maximum passes it by 2^8), from the other
+//   score warpgroup's reference after tile t - 1; each group keeps its row sums against its own
+//   last reference and rescales them at the end.
+// - O^T (512 dims x kRows) += V^T P^T: 4 k steps x 8 M tiles of fp16 wgmma m64nNk16, A = V^T
+//   fragments widened from the raw tile in registers (fp8_fragments.cuh ValueFragmentReader), B
+//   = P^T; batches of one k step x 4 M tiles, each batch's fragments loaded while the last runs.
+// Handoffs (mbarriers): reference_published[b] (score group of tile t -> the other: the
+// reference after tile t, b = t % 2), published[b] (score -> output: tile t's P^T, factors and
+// moved flag), consumed[b] (output -> score: tile t's products are done, buffer b may be
+// rewritten for t + 2), scores_met (the score groups: Q loaded, row sums in), finished (score ->
+// output: row normalisers, LSEs and row offsets). The raw stages are released by the output
+// warpgroup once a tile's V^T is in registers; a score warpgroup's reads of the stage end before
+// it publishes the tile, so before that.
+// Epilogue: the output warpgroup stages its normalised rows (dims in the fragments' order,
+// restored here) in the free key stages and stores them row-contiguously (as narrow_kernel.cuh).
 // Limits: Sq * Hq <= 32, FP8 E4M3 cache, q bf16 / fp16 (as e4m3 parts) or e4m3.
 #pragma once
 
@@ -78,8 +84,10 @@ struct NarrowFp8Layout {
                 "the consumers' setmaxnreg.inc must be satisfiable");
   static constexpr int kQuery = 0;  // 9 blocks of [kQueryLines][64 bytes]
   static constexpr int kKeys = kDimBlocks * kQueryLines * 64;
-  // Five raw stages where they fit beside Q (all but 32 rows of a bf16 q, whose 64 e4m3 lines
-  // take 36 KB): more bytes in flight per SM.
+  // Five raw stages where they fit beside Q, the P buffers and the small arrays below (< 4 KB):
+  // all but 32 rows of a bf16 q, whose 64 e4m3 lines take 36 KB. More bytes in flight per SM
+  // (H200, whole op: with four at 16 rows, D2 Hq 16 was 1% slower than the turn-taking kernel's
+  // five; perf log session 31).
   static constexpr int kStages = kKeys + 5 * kRawFp8StageBytes + 2 * kRows * 128 + 4096 <= kMaxSharedBytes - 1024 ? 5 : 4;
   static constexpr int kProbabilities = kKeys + kStages * kRawFp8StageBytes;  // [2][kRows][64 keys] fp16
   static constexpr int kExchange = kProbabilities + 2 * kRows * 128;  // [score group][2][4 warps][kRows] floats
@@ -230,8 +238,13 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
         sync_named(own_barrier, 128);
       }
 
-      // S^T on e4m3 wgmma from the raw tile, in kSegments segments each accumulated afresh and
-      // added in fp32 (narrow_kernel.cuh explains the arrays).
+      // S^T on e4m3 wgmma, 18 k steps of 32 dims straight from the raw tile; a bf16 q's high and
+      // low parts are separate query lines, summed here. In kSegments segments of steps, each
+      // accumulated afresh and added to the scores in fp32: e4m3 wgmma adds each step to its
+      // accumulator at reduced precision (truncated to ~13 bits), and one chain of 18 steps moved
+      // LSEs by up to 8e-4 (1 + |LSE|). (Independent accumulators instead of segments made ptxas
+      // spill at 32 rows; an array per segment because with one array reused, ptxas took the
+      // first segment's values for the later segments' sums.)
       constexpr int kSegmentSteps = kHeadDim / 32 / kSegments;
       static_assert(kSegmentSteps * kSegments * 32 == kHeadDim, "whole segments");
       float scores[kRows / 2];
@@ -303,7 +316,9 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
 #pragma unroll
         for (int slot = 0; slot < kSlots; ++slot) references[which * kRows + row_of_slot(slot)] = new_reference[slot];
       }
-      signal(&reference_published[which]);  // (the reads of the other buffer are done: the next write to it follows this)
+      // (This group's reads of the other group's reference precede the arrive; that group writes
+      // its buffer again only after waiting for it.)
+      signal(&reference_published[which]);
       // Every warp holds every row (lanes 4 apart share rows), so this is the same in all warps.
       moved = __any_sync(0xffffffffu, moved);
 
@@ -374,6 +389,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   // widened while one runs.
   set_register_count<Layout::kOutputRegisters, true>();
   constexpr int kTiles = kLatentDim / 64, kPairs = kTiles / 2, kBatches = (kTileKeys / 16) * 2;
+  static_assert(kPairs == 4, "a batch is two pairs of M tiles: two batches per k step");
   float output[kTiles][kRows / 2];
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) {
@@ -414,7 +430,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         wgmma_rows_a_registers<kRows>(output[first_tile + j], fragments[batch % kBuffers][j],
-                                            advance_descriptor(probability_descriptor, 32 * step), true);
+                                      advance_descriptor(probability_descriptor, 32 * step), true);
       }
       wgmma_commit();
       if (batch + 1 < kBatches) {
@@ -428,15 +444,15 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
     for (int j = 0; j < kTiles; ++j) fence_accumulators(output[j]);
     signal(&consumed[which]);
   }
-  static_assert(kPairs == 4, "two batches of two pairs per k step");
   sync_named(kOutputBarrier, 128);  // every warp's last V^T loads are done: the stages take the staging
   mbarrier_wait(finished, 0);
   float normalizer[kSlots];
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) normalizer[slot] = normalizers[row_of_slot(slot)];
-  // O^T -> shared [row][dim] floats (the key stages are free: every tile was consumed):
-  // accumulator rows r and r + 8 of M tiles 2p and 2p + 1 are 4 consecutive dims of one query
-  // row, one float4 (narrow_kernel.cuh).
+  // O^T -> shared [row][dim] floats (the key stages are free: every tile was consumed), its dims
+  // restored from the fragments' order (value_dim_of_row): accumulator rows r and r + 8 of M
+  // tiles 2p and 2p + 1 are 4 consecutive dims of one query row, stored as one float4 (as
+  // scalars, the lanes' dims 4 apart put 4 lanes on each bank: 3000 cycles for 16 rows).
   float* staged = reinterpret_cast<float*>(stages);
 #pragma unroll
   for (int pair = 0; pair < kPairs; ++pair) {
@@ -454,8 +470,8 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   // (A row without keys stores zeros; with several splits its LSE is -inf, so the combine step
   // never reads them.)
   const OutputDestination destination = output_destination(args, split);
-  store_staged_rows<1, Layout::kStagedRowFloats, kRows * Layout::kStagedRowFloats>(
-      args, destination, staged, row_offsets, rows_here, threadIdx.x, 128);
+  store_staged_rows<1, Layout::kStagedRowFloats, 0>(args, destination, staged, row_offsets, rows_here, threadIdx.x,
+                                                    128);
 }
 
 }  // namespace openmla::kernels::sm90

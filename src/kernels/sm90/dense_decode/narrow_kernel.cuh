@@ -71,8 +71,8 @@ struct NarrowLayout {
 // Named barrier 1: the consumer warpgroup.
 __device__ __forceinline__ void sync_narrow_consumers() { sync_named(1, kNarrowGroupThreads); }
 
-// D (64 x kRows) += A * B, A from shared memory: K-major (S^T = K Q^T) or M-major (O^T = V^T P^T, V read
-// from the key tile as [key][dim]).
+// D (64 x kRows) += A * B, A from shared memory: K-major (S^T = K Q^T) or M-major (O^T = V^T P^T,
+// V read from the key tile as [key][dim]).
 template <bool kHalf, int kRows>
 __device__ __forceinline__ void wgmma_rows(float (&d)[kRows / 2], uint64_t a, uint64_t b, bool accumulate) {
   if constexpr (kRows == 16) {
