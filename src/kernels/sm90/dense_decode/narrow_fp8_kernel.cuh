@@ -273,23 +273,8 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
 
       // Online softmax over keys, base 2: the tile's row maxima over this group's 4 warps, then
       // the reference through tile t, from the other group's through tile t - 1.
-      float tile_max[kSlots];
-#pragma unroll
-      for (int slot = 0; slot < kSlots; ++slot) tile_max[slot] = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kRows / 2; ++i) {
-        const int key = first_key + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-        scores[i] = key < visible[slot_of(i)] ? scores[i] * logit_scale[slot_of(i)] : -INFINITY;
-        tile_max[slot_of(i)] = fmaxf(tile_max[slot_of(i)], scores[i]);
-      }
-#pragma unroll
-      for (int slot = 0; slot < kSlots; ++slot) {
-#pragma unroll
-        for (int mask = 4; mask < 32; mask *= 2) {
-          tile_max[slot] = fmaxf(tile_max[slot], __shfl_xor_sync(0xffffffffu, tile_max[slot], mask));
-        }
-        if (lane < 4) exchange[warp * kRows + row_of_slot(slot)] = tile_max[slot];
-      }
+      mask_scores_and_share_maxima<kRows>(scores, visible, first_key, warp, lane, slot_of, row_of_slot,
+                                          [&](int slot) { return logit_scale[slot]; }, exchange);
       sync_named(own_barrier, 128);  // all warps' maxima in
       if (tile > 0) mbarrier_wait(&reference_published[1 - which], phase_of(tile - 1));
       // Lazy reference (as the 64-row kernel's, kReferenceSlackLog2): it moves only when the

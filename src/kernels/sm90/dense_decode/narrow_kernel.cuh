@@ -90,6 +90,35 @@ __device__ __forceinline__ void wgmma_rows_a_m_major(float (&d)[kRows / 2], uint
   }
 }
 
+// The transposed kernels' softmax, first step (this one and narrow_fp8_kernel.cuh): S^T's
+// scores of a tile (element i of a thread: key 16 warp + lane / 4 + 8 ((i / 2) % 2), query row
+// row_of_slot(slot_of(i))) scaled to base-2 logits by scale_of(slot) and masked to -inf past each
+// row's visible end; each row's maximum over the warp's 16 keys (the 8 lanes that share the row)
+// into exchange[warp][row], which the caller's barrier makes readable to every warp.
+template <int kRows, class SlotOf, class RowOfSlot, class ScaleOf>
+__device__ __forceinline__ void mask_scores_and_share_maxima(float (&scores)[kRows / 2], const int (&visible)[kRows / 4],
+                                                             int first_key, int warp, int lane, SlotOf slot_of,
+                                                             RowOfSlot row_of_slot, ScaleOf scale_of, float* exchange) {
+  constexpr int kSlots = kRows / 4;
+  float tile_max[kSlots];
+#pragma unroll
+  for (int slot = 0; slot < kSlots; ++slot) tile_max[slot] = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kRows / 2; ++i) {
+    const int key = first_key + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+    scores[i] = key < visible[slot_of(i)] ? scores[i] * scale_of(slot_of(i)) : -INFINITY;
+    tile_max[slot_of(i)] = fmaxf(tile_max[slot_of(i)], scores[i]);
+  }
+#pragma unroll
+  for (int slot = 0; slot < kSlots; ++slot) {
+#pragma unroll
+    for (int mask = 4; mask < 32; mask *= 2) {
+      tile_max[slot] = fmaxf(tile_max[slot], __shfl_xor_sync(0xffffffffu, tile_max[slot], mask));
+    }
+    if (lane < 4) exchange[warp * kRows + row_of_slot(slot)] = tile_max[slot];
+  }
+}
+
 template <bool kHalf, int kRows>
 __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     dense_decode_narrow_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
@@ -206,23 +235,8 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     }
 
     // Online softmax over keys, base 2.
-    float tile_max[kSlots];
-#pragma unroll
-    for (int slot = 0; slot < kSlots; ++slot) tile_max[slot] = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kRows / 2; ++i) {
-      const int key = first_key + 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-      scores[i] = key < visible[slot_of(i)] ? scores[i] * logit_scale : -INFINITY;
-      tile_max[slot_of(i)] = fmaxf(tile_max[slot_of(i)], scores[i]);
-    }
-#pragma unroll
-    for (int slot = 0; slot < kSlots; ++slot) {
-#pragma unroll
-      for (int mask = 4; mask < 32; mask *= 2) {
-        tile_max[slot] = fmaxf(tile_max[slot], __shfl_xor_sync(0xffffffffu, tile_max[slot], mask));
-      }
-      if (lane < 4) exchange[warp * kRows + row_of_slot(slot)] = tile_max[slot];
-    }
+    mask_scores_and_share_maxima<kRows>(scores, visible, first_key, warp, lane, slot_of, row_of_slot,
+                                        [&](int) { return logit_scale; }, exchange);
     sync_narrow_consumers();  // all warps' maxima in; also every warp finished the last O^T update
     float rescale[kSlots], reference[kSlots];
 #pragma unroll
