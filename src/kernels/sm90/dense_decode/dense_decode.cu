@@ -43,15 +43,14 @@ void require_alignment(const char* argument, const TensorView& view, int bytes) 
 }
 
 // The cache as a 3-D tensor (dim, token, page) for the TMA; boxes of 64 dims x min(page, 64)
-// tokens, 128-byte swizzled for 16-bit caches (the wgmma layout). FP8 caches: 64-byte swizzled
-// for the narrow kernel (its fragment loads, fp8_fragments.cuh); boxes of 128 dims, 128-byte
-// swizzled, for the alternating kernel (key_tiles.cuh wide_raw_offset: half the box rows, which
-// the TMA takes at its own pace).
-CUtensorMap make_cache_map(const TensorView& cache, bool narrow_kernel) {
+// tokens, 128-byte swizzled for 16-bit caches (the wgmma layout). FP8 caches: boxes of 128 dims,
+// 128-byte swizzled, for every kernel (key_tiles.cuh wide_raw_offset: half the box rows of
+// 64-dim boxes, which the TMA takes at its own pace; V^T by ldmatrix.trans, fp8_fragments.cuh
+// WideValueFragments).
+CUtensorMap make_cache_map(const TensorView& cache) {
   const bool fp8 = cache.dtype == DType::kFloat8E4M3;
-  const bool wide_fp8 = fp8 && !narrow_kernel;
-  const CUtensorMapSwizzle swizzle = fp8 && narrow_kernel ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
-  const cuuint32_t box_dims = wide_fp8 ? kWideRawBoxDims : 64;
+  const CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  const cuuint32_t box_dims = fp8 ? kWideRawBoxDims : 64;
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   static Encode encode = [] {
     void* function = nullptr;
@@ -105,7 +104,7 @@ void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid
       launch(dense_decode_narrow_kernel<kHalf, kRows>, Layout::kThreads, Layout::kLaunchBytes);
     }
   };
-  if (uses_narrow_kernel(args.rows)) {  // the same test picks the TMA swizzle
+  if (uses_narrow_kernel(args.rows)) {
     if (args.rows <= 16) {
       launch_narrow(std::integral_constant<int, 16>{});
     } else {
@@ -185,7 +184,7 @@ void dense_decode(const DenseDecodeParams& params) {
   // (split_common.cuh cta_work).
   const dim3 grid(unsigned(plan.row_tiles), unsigned(batch), unsigned(plan.splits));
   const cudaStream_t stream = as_cuda_stream(params.stream);
-  const CUtensorMap cache_map = make_cache_map(cache, uses_narrow_kernel(args.rows));
+  const CUtensorMap cache_map = make_cache_map(cache);
   if (half) {
     launch_split<true, false, false>(cache_map, args, grid, stream, params.enable_pdl);
   } else if (fp8_q) {  // S (<= 32 rows: S^T) on e4m3 tensor cores, P V in fp16

@@ -1,39 +1,26 @@
 // Dense MLA decode, FP8 cache: the wgmma A fragments of V^T read straight from the raw e4m3 key
-// tile and widened to fp16 in registers, for the narrow kernel's O^T = V^T P^T
-// (narrow_kernel.cuh; its S^T = K Q^T runs on e4m3 wgmma from the raw tile, fp8_tiles.cuh). No
-// 16-bit copy of the tile is ever written to shared memory: widening through shared memory
-// (read 36 KB, write 72 KB, then wgmma reads the 72 KB) serialised with the math and held the
-// FP8 cache below the BF16 speed.
+// tile and widened to fp16 in registers, for the transposed output products O^T = V^T P^T of
+// both kernels (narrow_fp8_kernel.cuh, alternating_kernel.cuh; their S runs on e4m3 wgmma from
+// the raw tile, fp8_tiles.cuh). No 16-bit copy of the tile is ever written to shared memory:
+// widening through shared memory (read 36 KB, write 72 KB, then wgmma reads the 72 KB)
+// serialised with the math and held the FP8 cache below the BF16 speed.
 //
-// Raw tile: as the TMA lands it with the 64-byte swizzle, 9 blocks (64 dims each) of
-// [64 keys][64 bytes], the 16-byte chunk c of key k stored at chunk c ^ ((k / 2) % 4). The
-// swizzle is what makes the value loads (4 keys x 8 dim words per warp) fall on 32 distinct
-// banks.
-//
-// V^T fragments (O^T: M = dims, k = keys). A thread needs 2 dims x 4 keys per fragment; it loads
-// 4 keys x 4 consecutive dims as 32-bit words and pairs the keys with byte permutes, so one load
-// batch feeds two M tiles. M row 16 w + g (+ 8) of M tile 2 p + h (w: warp, g = lane / 4) is
-// dim 128 p + 32 w + 4 g + 2 h (+ 1), and k column j of k step s is key 16 s + j with bits 0
-// and 1 of j swapped (value_column_of_key): P^T is stored in that key order.
+// Raw tile: as the TMA lands it, boxes of 128 dims with the 128-byte swizzle (key_tiles.cuh
+// wide_raw_offset). Q's e4m3 lines: 9 blocks of [lines][64 bytes], 64-byte swizzled
+// (raw_fp8_offset). (Until session 31 the narrow kernel's raw tiles were 64-byte swizzled
+// 64-dim boxes, V^T loaded as 32-bit words and paired by byte permutes: 4 loads per 16 values
+// where ldmatrix.trans takes one.)
 #pragma once
 
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 
 namespace openmla::kernels::sm90 {
 
-constexpr int kRawBlockBytes = kTileKeys * 64;  // 64 keys x 64 dims of e4m3
-
-// Byte offset of (line, dim) in an e4m3 tile of kLines lines stored as 9 blocks of [kLines][64
-// bytes] with the 64-byte swizzle: a raw key tile as the TMA lands it (64 lines), or Q as an
-// e4m3 operand (fp8_tiles.cuh load_e4m3_query_rows).
-template <int kLines = kTileKeys>
+// Byte offset of (line, dim) in an e4m3 operand of kLines lines stored as 9 blocks of [kLines][64
+// bytes] with the 64-byte swizzle: Q's e4m3 lines (fp8_tiles.cuh load_e4m3_query_rows).
+template <int kLines>
 __host__ __device__ constexpr int raw_fp8_offset(int line, int dim) {
   return (dim / 64) * (kLines * 64) + line * 64 + ((((dim % 64) / 16) ^ ((line / 2) % 4)) * 16) + dim % 16;
-}
-
-// The k column of P^T (and of the V^T fragments) that holds tile key `key`; its own inverse.
-__host__ __device__ constexpr int value_column_of_key(int key) {
-  return (key & ~3) | ((key & 1) << 1) | ((key >> 1) & 1);
 }
 
 // Two e4m3 values (the low 16 bits) -> fp16x2, exactly, in one instruction.
@@ -49,50 +36,10 @@ __device__ __forceinline__ uint32_t widen_fp8_pair_high(uint32_t bytes) {
   return pair;
 }
 
-// A thread's place in the V^T fragments.
-struct ValueFragmentReader {
-  int even, odd;  // offsets for keys with (key / 2) even or odd: the swizzle XOR differs by 1
-  __device__ __forceinline__ ValueFragmentReader(int warp, int lane) {
-    const int g = lane / 4, q = lane % 4;
-    const int key_offset = q % 2 + 4 * (q / 2);             // the key of column 2q (bits 0, 1 swapped)
-    const int chunk = (2 * (warp % 2) + g / 4) ^ (2 * (q / 2));  // dims 32 (w % 2) + 4 g, swizzled
-    const int base = (warp / 2) * kRawBlockBytes + key_offset * 64 + 4 * (g % 4);
-    even = base + chunk * 16;
-    odd = base + (chunk ^ 1) * 16;
-  }
-  // The fp16 A fragments of M tiles 2 pair and 2 pair + 1 (dims 128 pair ..) for k step `step`
-  // (keys 16 step ..).
-  __device__ __forceinline__ void load(const uint8_t* raw, int pair, int step, uint32_t (&first)[4],
-                                       uint32_t (&second)[4]) const {
-    uint32_t words[4];  // [i]: 4 dims of key 16 step + 8 (i / 2) + 2 (i % 2) + key_offset
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int offset = 2 * pair * kRawBlockBytes + (16 * step + 8 * (i / 2) + 2 * (i % 2)) * 64;
-      words[i] = *reinterpret_cast<const uint32_t*>(raw + offset + (i % 2 == 0 ? even : odd));
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      uint32_t(&fragment)[4] = half == 0 ? first : second;
-      // Byte 2 half (+ 1) of two keys' words side by side: (dim, key a), (dim, key b), ...
-      const uint32_t selector = half == 0 ? 0x5140u : 0x7362u;
-      const uint32_t columns_low = __byte_perm(words[0], words[1], selector);   // columns 2q, 2q + 1
-      const uint32_t columns_high = __byte_perm(words[2], words[3], selector);  // columns 2q + 8, + 9
-      fragment[0] = widen_fp8_pair(columns_low);         // dim row g
-      fragment[1] = widen_fp8_pair_high(columns_low);   // dim row g + 8
-      fragment[2] = widen_fp8_pair(columns_high);
-      fragment[3] = widen_fp8_pair_high(columns_high);
-    }
-  }
-};
-
-// The dim that O^T accumulator row `row` (0..63) of M tile `tile` holds (see above).
-__host__ __device__ constexpr int value_dim_of_row(int tile, int row) {
-  return 128 * (tile / 2) + 32 * (row / 16) + 4 * (row % 8) + 2 * (tile % 2) + (row / 8) % 2;
-}
-
-// The 64-row kernel with an FP8 cache (alternating_kernel.cuh, kRawKeys) computes O^T = V^T P^T: each
-// consumer warpgroup owns 256 of the 512 value dims as 4 M tiles of 64 (wgmma m64n64k16 in fp16,
-// N = the 64 query rows, B = P^T: P as the softmax stores it, [row][key], K-major), so that V^T
+// Both kernels with an FP8 cache compute O^T = V^T P^T: 256 value dims are 4 M tiles of 64 (wgmma
+// m64nNk16 in fp16, N = the query rows, B = P^T: P as the softmax stores it, [row][key],
+// K-major; the 64-row kernel's output warpgroups own 256 dims each, the narrow kernel's one
+// output warpgroup all 512 through two readers), so that V^T
 // is the A operand, which wgmma takes from registers: widened exactly from the wide raw tile
 // (key_tiles.cuh wide_raw_offset), no 16-bit copy of the tile is written to shared memory, and
 // the output accumulates in fp32 (the e4m3 output product kept ~13 bits a step: perf log

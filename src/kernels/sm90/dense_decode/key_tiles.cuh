@@ -24,7 +24,6 @@ namespace openmla::kernels::sm90 {
 
 constexpr int kDimBlocks = kHeadDim / 64;                         // 9 swizzled blocks per tile
 constexpr int kTileBlockBytes = kDimBlocks * kSwizzleBlockBytes;  // 72 KB: 64 lines x 576
-constexpr int kRawFp8StageBytes = kTileKeys * kHeadDim;           // 36 KB
 
 // Byte offset of 16-bit element (line, dim) of a tile of kLines lines stored as 9 swizzled
 // blocks of 64 dims (key tiles and the alternating kernel's Q: 64 lines; the narrow kernel's Q: 16 or 32).

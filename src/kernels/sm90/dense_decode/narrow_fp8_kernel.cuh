@@ -15,7 +15,7 @@
 // the kernel. Perf log, sessions 30 and 31.)
 // Tiling: key tiles of 64 tokens.
 // - S^T (64 keys x kRows): e4m3 wgmma m64nNk32, 18 steps, A = the raw tile as the TMA landed it
-//   (64-byte swizzle), B = Q's e4m3 lines (an fp8 q as it is, N = kRows; a bf16 q as high and
+//   (128-dim boxes, 128-byte swizzle: key_tiles.cuh wide_raw_offset), B = Q's e4m3 lines (an fp8 q as it is, N = kRows; a bf16 q as high and
 //   low parts, N = 2 kRows, summed after, fp8_tiles.cuh load_e4m3_query_rows), in 3 (16 rows) or
 //   2 (32 rows) segments of steps accumulated afresh and added in fp32 (e4m3 wgmma keeps ~13
 //   bits of each step).
@@ -26,8 +26,9 @@
 //   score warpgroup's reference after tile t - 1; each group keeps its row sums against its own
 //   last reference and rescales them at the end.
 // - O^T (512 dims x kRows) += V^T P^T: 4 k steps x 8 M tiles of fp16 wgmma m64nNk16, A = V^T
-//   fragments widened from the raw tile in registers (fp8_fragments.cuh ValueFragmentReader), B
-//   = P^T; batches of one k step x 4 M tiles, each batch's fragments loaded while the last runs.
+//   fragments widened from the raw tile in registers (fp8_fragments.cuh WideValueFragments: one
+//   ldmatrix.trans per 16 values), B = P^T; batches of 2 k steps x 2 M tiles, each batch's
+//   fragments loaded while the last runs.
 // Handoffs (mbarriers): reference_published[b] (score group of tile t -> the other: the
 // reference after tile t, b = t % 2), published[b] (score -> output: tile t's P^T, factors and
 // moved flag), consumed[b] (output -> score: tile t's products are done, buffer b may be
@@ -36,7 +37,7 @@
 // warpgroup once a tile's V^T is in registers; a score warpgroup's reads of the stage end before
 // it publishes the tile, so before that.
 // Epilogue: the output warpgroup stages its normalised rows (dims in the fragments' order,
-// restored here) in the free key stages and stores them row-contiguously (as narrow_kernel.cuh).
+// transposed_value_dim, restored here) in the free key stages and stores them row-contiguously (as narrow_kernel.cuh).
 // Limits: Sq * Hq <= 32, FP8 E4M3 cache, q bf16 / fp16 (as e4m3 parts) or e4m3.
 #pragma once
 
@@ -88,8 +89,8 @@ struct NarrowFp8Layout {
   // all but 32 rows of a bf16 q, whose 64 e4m3 lines take 36 KB. More bytes in flight per SM
   // (H200, whole op: with four at 16 rows, D2 Hq 16 was 1% slower than the turn-taking kernel's
   // five; perf log session 31).
-  static constexpr int kStages = kKeys + 5 * kRawFp8StageBytes + 2 * kRows * 128 + 4096 <= kMaxSharedBytes - 1024 ? 5 : 4;
-  static constexpr int kProbabilities = kKeys + kStages * kRawFp8StageBytes;  // [2][kRows][64 keys] fp16
+  static constexpr int kStages = kKeys + 5 * kWideRawStageBytes + 2 * kRows * 128 + 4096 <= kMaxSharedBytes - 1024 ? 5 : 4;
+  static constexpr int kProbabilities = kKeys + kStages * kWideRawStageBytes;  // [2][kRows][64 keys] fp16
   static constexpr int kExchange = kProbabilities + 2 * kRows * 128;  // [score group][2][4 warps][kRows] floats
   static constexpr int kReferences = kExchange + 2 * 2 * 4 * kRows * 4;  // [2][kRows]: the reference after tile t
   static constexpr int kFactors = kReferences + 2 * kRows * 4;          // [2][kRows]: O^T's rescale before tile t
@@ -103,9 +104,10 @@ struct NarrowFp8Layout {
   static constexpr int kBarriers = kMovedFlags + 16;
   static constexpr int kBytes = kBarriers + (2 * kStages + 8) * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
-  // After the last tile the output is staged in the key stages: [kRows][512 + 4] floats.
-  static constexpr int kStagedRowFloats = kLatentDim + 4;
-  static_assert(kRows * kStagedRowFloats * 4 <= kStages * kRawFp8StageBytes, "output staging fits the stages");
+  // After the last tile the output is staged in the key stages: [kRows][512 + 8] floats (as the
+  // 64-row kernel's float2 staging).
+  static constexpr int kStagedRowFloats = kLatentDim + 8;
+  static_assert(kRows * kStagedRowFloats * 4 <= kStages * kWideRawStageBytes, "output staging fits the stages");
   static_assert(kKeys % 1024 == 0 && kProbabilities % 1024 == 0, "swizzled buffers are 1024-byte aligned");
   static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
 };
@@ -175,7 +177,8 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   if (warpgroup == Layout::kProducerGroup) {
     set_register_count<kProducerRegisters, false>();
     if (threadIdx.x == Layout::kProducerGroup * 128) {
-      produce_key_tiles<true, kStages>(&cache_map, args, table_row, range, stages, full, empty);
+      produce_key_tiles<true, kStages, 1, 1, KeyTileLoader<true, kWideRawBlockBytes, kWideRawStageBytes, kWideRawBoxDims>>(
+          &cache_map, args, table_row, range, stages, full, empty);
     }
     return;
   }
@@ -231,12 +234,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       const int valid = range.length - first_key;
       float* exchange = reinterpret_cast<float*>(shared + Layout::kExchange) + (2 * first + (tile / 2) % 2) * 4 * kRows;
       mbarrier_wait(&full[stage], full_phase<kStages>(tile));
-      uint8_t* keys = stages + stage * kRawFp8StageBytes;
-      if (valid < kTileKeys) {  // slots past the end may hold NaN: P = 0 times NaN is NaN
-        zero_key_lines<kDimBlocks, 64>(keys, valid, threadIdx.x % 128, 128);
-        fence_shared_for_async_proxy();
-        sync_named(own_barrier, 128);
-      }
+      uint8_t* keys = stages + stage * kWideRawStageBytes;
 
       // S^T on e4m3 wgmma, 18 k steps of 32 dims straight from the raw tile; a bf16 q's high and
       // low parts are separate query lines, summed here. In kSegments segments of steps, each
@@ -249,7 +247,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       static_assert(kSegmentSteps * kSegments * 32 == kHeadDim, "whole segments");
       float scores[kRows / 2];
       float terms[kSegments][kQueryLines / 2];
-      const uint64_t key_descriptor = make_descriptor_64b(keys, 512);
+      const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);  // 128-byte swizzle (wide_raw_offset)
 #pragma unroll
       for (int segment = 0; segment < kSegments; ++segment) {
         wgmma_fence();
@@ -257,7 +255,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
         for (int k = 0; k < kSegmentSteps; ++k) {
           const int step = segment * kSegmentSteps + k, offset = (step % 2) * 32;
           wgmma_lines_fp8<kQueryLines>(terms[segment],
-                                       advance_descriptor(key_descriptor, (step / 2) * kRawBlockBytes + offset),
+                                       advance_descriptor(key_descriptor, (step / 4) * kWideRawBlockBytes + (step % 4) * 32),
                                        advance_descriptor(query_descriptor, (step / 2) * (kQueryLines * 64) + offset),
                                        k > 0);
         }
@@ -270,6 +268,10 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
           scores[i] = segment == 0 ? sum : scores[i] + sum;
         }
       }
+      // Slots past the sequence end may hold NaN: S^T's mask drops them, but the output
+      // warpgroup's V^T fragments (after the publish handoff, which orders these stores) must
+      // read zeros (P = 0 times NaN is NaN). Only the value blocks, after S^T has read the tile.
+      if (valid < kTileKeys) zero_key_lines<kLatentDim / kWideRawBoxDims, kWideRawBoxDims>(keys, valid, threadIdx.x % 128, 128);
 
       // Online softmax over keys, base 2: the tile's row maxima over this group's 4 warps, then
       // the reference through tile t, from the other group's through tile t - 1.
@@ -314,7 +316,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
         const float probability = fast_exp2(scores[i] - used_reference[slot_of(i)]);
         running_sum[slot_of(i)] += probability;
         const int key = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-        *reinterpret_cast<uint16_t*>(probability_rows + swizzled_offset(row_of_slot(slot_of(i)), value_column_of_key(key))) =
+        *reinterpret_cast<uint16_t*>(probability_rows + swizzled_offset(row_of_slot(slot_of(i)), key)) =
             uint16_t(pack_two<true>(probability, 0.0f) & 0xffffu);
       }
       if (warp == 0 && lane < 4) {
@@ -373,17 +375,19 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   // fp8_fragments.cuh), in batches of one k step (16 keys) x 4 M tiles, the next batch loaded and
   // widened while one runs.
   set_register_count<Layout::kOutputRegisters, true>();
-  constexpr int kTiles = kLatentDim / 64, kPairs = kTiles / 2, kBatches = (kTileKeys / 16) * 2;
-  static_assert(kPairs == 4, "a batch is two pairs of M tiles: two batches per k step");
+  constexpr int kTiles = kLatentDim / 64, kBatches = (kTileKeys / 32) * (kTiles / 2);
   float output[kTiles][kRows / 2];
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) {
 #pragma unroll
     for (int i = 0; i < kRows / 2; ++i) output[j][i] = 0.0f;
   }
-  const ValueFragmentReader value_reader(warp, lane);
+  // V^T fragments by ldmatrix.trans from the wide raw tile (fp8_fragments.cuh WideValueFragments:
+  // one ldmatrix.x4 per 16 values of a thread, keys in P^T's natural order): dims 0..255 and
+  // 256..511.
+  const WideValueFragments value_readers[2] = {WideValueFragments(0, warp, lane), WideValueFragments(1, warp, lane)};
   constexpr int kBuffers = 2;
-  uint32_t fragments[kBuffers][4][4];
+  uint32_t fragments[kBuffers][4][4];  // [buffer][M tile a, a + 1 x k step 2 h, 2 h + 1][register]
   // Each tile's products are waited for at its end (run on into the next tile, ptxas serialised
   // every wgmma: C7513), so a rescale needs no wait and the P buffer is handed back at once.
   for (int tile = 0; tile < range.tiles; ++tile) {
@@ -400,22 +404,26 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       }
     }
     mbarrier_wait(&full[stage], full_phase<kStages>(tile));  // (landed long ago: for the TMA bytes' visibility)
-    const uint8_t* keys = stages + stage * kRawFp8StageBytes;
+    const uint8_t* keys = stages + stage * kWideRawStageBytes;
     const uint64_t probability_descriptor = make_descriptor(probabilities(which), 16, 1024);
+    // Batch b: keys 32 h .. 32 h + 31 (h = b / 4) of M tiles 2 (b % 4) and 2 (b % 4) + 1.
     auto load_batch = [&](int batch, uint32_t(&into)[4][4]) {
-      const int step = batch / 2, first_pair = 2 * (batch % 2);
-      value_reader.load(keys, first_pair, step, into[0], into[1]);
-      value_reader.load(keys, first_pair + 1, step, into[2], into[3]);
+      const int half = batch / 4, first_tile = 2 * (batch % 4);
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const int tile_index = first_tile + m;
+        value_readers[tile_index / 4].load(keys, tile_index % 4, half, into[2 * m], into[2 * m + 1]);
+      }
     };
     load_batch(0, fragments[0]);
 #pragma unroll
     for (int batch = 0; batch < kBatches; ++batch) {
-      const int step = batch / 2, first_tile = 4 * (batch % 2);
+      const int half = batch / 4, first_tile = 2 * (batch % 4);
       wgmma_fence();
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        wgmma_rows_a_registers<kRows>(output[first_tile + j], fragments[batch % kBuffers][j],
-                                      advance_descriptor(probability_descriptor, 32 * step), true);
+        wgmma_rows_a_registers<kRows>(output[first_tile + j / 2], fragments[batch % kBuffers][j],
+                                      advance_descriptor(probability_descriptor, 32 * (2 * half + j % 2)), true);
       }
       wgmma_commit();
       if (batch + 1 < kBatches) {
@@ -435,20 +443,19 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) normalizer[slot] = normalizers[row_of_slot(slot)];
   // O^T -> shared [row][dim] floats (the key stages are free: every tile was consumed), its dims
-  // restored from the fragments' order (value_dim_of_row): accumulator rows r and r + 8 of M
-  // tiles 2p and 2p + 1 are 4 consecutive dims of one query row, stored as one float4 (as
-  // scalars, the lanes' dims 4 apart put 4 lanes on each bank: 3000 cycles for 16 rows).
+  // restored from the fragments' order (transposed_value_dim): accumulator rows r and r + 8 of
+  // an M tile are adjacent dims of one query row, one float2.
   float* staged = reinterpret_cast<float*>(stages);
+  static_assert(transposed_value_dim(0, 0, 8) == transposed_value_dim(0, 0, 0) + 1, "rows g, g + 8: adjacent dims");
 #pragma unroll
-  for (int pair = 0; pair < kPairs; ++pair) {
+  for (int j = 0; j < kTiles; ++j) {
 #pragma unroll
     for (int i = 0; i < kRows / 2; ++i) {
       if ((i / 2) % 2 != 0) continue;  // accumulator row r + 8: element i + 2
-      const int dim = value_dim_of_row(2 * pair, accumulator_row(warp, lane, i));
+      const int dim = transposed_value_dim(j / 4, j % 4, accumulator_row(warp, lane, i));
       const float factor = normalizer[slot_of(i)];
-      *reinterpret_cast<float4*>(&staged[row_of_slot(slot_of(i)) * Layout::kStagedRowFloats + dim]) =
-          make_float4(output[2 * pair][i] * factor, output[2 * pair][i + 2] * factor,
-                      output[2 * pair + 1][i] * factor, output[2 * pair + 1][i + 2] * factor);
+      *reinterpret_cast<float2*>(&staged[row_of_slot(slot_of(i)) * Layout::kStagedRowFloats + dim]) =
+          make_float2(output[j][i] * factor, output[j][i + 2] * factor);
     }
   }
   sync_named(kOutputBarrier, 128);

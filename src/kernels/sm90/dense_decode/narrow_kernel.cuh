@@ -35,7 +35,7 @@ namespace openmla::kernels::sm90 {
 
 constexpr int kNarrowRows = 32;  // the most query rows of the narrow kernel's tile (16 or 32)
 constexpr int kNarrowGroupThreads = 128;  // one consumer warpgroup
-// The launcher's choice of kernel (it also picks the FP8 cache's TMA swizzle). 32 rows are
+// The launcher's choice of kernel. 32 rows are
 // Sq 2 x 16 heads (speculative decoding at tensor parallelism 8) or 32 heads.
 __host__ __device__ constexpr bool uses_narrow_kernel(int rows) { return rows <= kNarrowRows; }
 
