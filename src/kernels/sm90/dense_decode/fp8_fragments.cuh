@@ -74,10 +74,19 @@ struct WideValueFragments {
   // The fragments of M tile `tile`, keys 32 half .. 32 half + 31: [k step 2 half, 2 half + 1][4].
   __device__ __forceinline__ void load(const uint8_t* raw, int tile, int half, uint32_t (&first)[4],
                                        uint32_t (&second)[4]) const {
+    uint32_t matrices[4];
+    load_raw(raw, tile, half, matrices);
+    widen(matrices, first, second);
+  }
+  // The same in two steps, so that a caller can issue the shared-memory load before it waits for
+  // the wgmma that still reads the fragments' registers: the e4m3 bytes ...
+  __device__ __forceinline__ void load_raw(const uint8_t* raw, int tile, int half, uint32_t (&matrices)[4]) const {
     static_assert(transposed_value_dim(0, 2, 0) - transposed_value_dim(0, 0, 0) == kWideRawBoxDims,
                   "tiles 2, 3 are tiles 0, 1 one raw block on");
-    uint32_t matrices[4];
     load_transposed_matrices_x4(raw + offset[tile % 2] + (tile / 2) * kWideRawBlockBytes + half * 32 * 128, matrices);
+  }
+  // ... and their widening into the fragments.
+  __device__ __forceinline__ static void widen(const uint32_t (&matrices)[4], uint32_t (&first)[4], uint32_t (&second)[4]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t(&fragment)[4] = j < 2 ? first : second;

@@ -28,7 +28,8 @@
 // - O^T (512 dims x kRows) += V^T P^T: 4 k steps x 8 M tiles of fp16 wgmma m64nNk16, A = V^T
 //   fragments widened from the raw tile in registers (fp8_fragments.cuh WideValueFragments: one
 //   ldmatrix.trans per 16 values), B = P^T; batches of 2 k steps x 2 M tiles, each batch's
-//   fragments loaded while the last runs.
+//   bytes loaded before the wait for the batch that still holds its buffer, widened after it (the
+//   loads' latency runs beside the wait: FP8 D2 -4..9% cycles on an H200, perf log session 32).
 // Handoffs (mbarriers): reference_published[b] (score group of tile t -> the other: the
 // reference after tile t, b = t % 2), published[b] (score -> output: tile t's P^T, factors and
 // moved flag), consumed[b] (output -> score: tile t's products are done, buffer b may be
@@ -80,7 +81,9 @@ struct NarrowFp8Layout {
   // Registers after setmaxnreg: 128 x output + 2 x 128 x score + 128 x 24 <= 64 K (512 threads
   // launch with 128 each). The output warpgroup holds O^T (8 x kRows / 2 fp32) and two batches
   // of V^T fragments (32); a score warpgroup S^T's segments (kQueryLines) and the softmax state.
-  static constexpr int kOutputRegisters = 200, kScoreRegisters = 144;
+  // An fp8 q's score warpgroups need fewer (kQueryLines = kRows): with 200 the output's wgmma
+  // were serialised at 32 rows (C7512) once its next fragments' loads ran beside the wait.
+  static constexpr int kOutputRegisters = kFp8Q ? 208 : 200, kScoreRegisters = kFp8Q ? 136 : 144;
   static_assert((kOutputRegisters - 128) + 2 * (kScoreRegisters - 128) <= 128 - kProducerRegisters,
                 "the consumers' setmaxnreg.inc must be satisfiable");
   static constexpr int kQuery = 0;  // 9 blocks of [kQueryLines][64 bytes]
@@ -372,7 +375,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   }
 
   // The output warpgroup: O^T over all 512 dims (8 M tiles in the fragments' dim order:
-  // fp8_fragments.cuh), in batches of one k step (16 keys) x 4 M tiles, the next batch loaded and
+  // fp8_fragments.cuh), in batches of two k steps (32 keys) x 2 M tiles, the next batch loaded and
   // widened while one runs.
   set_register_count<Layout::kOutputRegisters, true>();
   constexpr int kTiles = kLatentDim / 64, kBatches = (kTileKeys / 32) * (kTiles / 2);
@@ -427,8 +430,18 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       }
       wgmma_commit();
       if (batch + 1 < kBatches) {
-        wgmma_wait<kBuffers - 1>();  // batch - 1 (the other buffer's last user) is done
-        load_batch(batch + 1, fragments[(batch + 1) % kBuffers]);
+        // The next batch's bytes are loaded before the wait, widened into the other buffer after
+        // it (batch - 1, that buffer's last user, is done): the loads' latency runs beside it.
+        const int next_half = (batch + 1) / 4, next_tile = 2 * ((batch + 1) % 4);
+        uint32_t matrices[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          value_readers[(next_tile + m) / 4].load_raw(keys, (next_tile + m) % 4, next_half, matrices[m]);
+        }
+        wgmma_wait<kBuffers - 1>();
+        uint32_t(&into)[4][4] = fragments[(batch + 1) % kBuffers];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) WideValueFragments::widen(matrices[m], into[2 * m], into[2 * m + 1]);
       }
     }
     mbarrier_arrive(&empty[stage]);  // every byte of the raw tile this thread reads is in registers
