@@ -4,8 +4,9 @@
 // (dense_decode/alternating_kernel.cuh).
 //
 // A paged cache [pages, page_size, 576] is described to the TMA as a 3-D tensor (dim, token,
-// page). One box is 64 dims x `box_tokens` tokens of one page; for 16-bit caches the box lands
-// in the 128-byte swizzled layout that wgmma reads (wgmma.cuh), for FP8 caches it lands plain.
+// page). One box is 64 (16-bit caches) or 128 (FP8 caches) dims x `box_tokens` tokens of one
+// page, landing 128-byte swizzled: the layout that wgmma reads (wgmma.cuh) and, for FP8 caches,
+// that ldmatrix reads without bank conflicts (dense_decode/fp8_fragments.cuh).
 #pragma once
 
 #include <cuda.h>

@@ -49,7 +49,7 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid,
 // The alternating kernel's producer warpgroup (one thread of it issues the loads).
 constexpr int kAlternatingProducerThreads = 128;
 
-// The alternating kernel's raw FP8 key tiles: 5 blocks of [64 lines][128 bytes] with the
+// The raw FP8 key tiles of both kernels: 5 blocks of [64 lines][128 bytes] with the
 // 128-byte swizzle (chunk c of line l at chunk c ^ (l % 8)), one TMA box per 128 dims and page;
 // the last block holds the rope dims 512..575 and zeros (the box reads past the row's end).
 // Boxes of 128-byte rows halve the box rows of a tile against 64-byte ones (the TMA takes box
@@ -122,8 +122,8 @@ __device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, 
 // pages (only pages that hold keys of the sequence: entries past its end may be garbage) and
 // issues one box per kBoxDims dims per page, counted on the barrier `issue` is given. Block b of
 // stage s lands at stages + s * kStageStride + b * kBlockStride (by default packed). kBoxDims: 64,
-// or 128 for the alternating kernel's FP8 raw tiles (wide_raw_offset), whose last box reads dims
-// 576..639 past the row's end as zeros.
+// or 128 for the FP8 caches' raw tiles (wide_raw_offset), whose last box reads dims 576..639
+// past the row's end as zeros.
 template <bool kFp8Cache, int kBlockStride = kTileKeys * (kFp8Cache ? 64 : 128), int kStageStride = kDimBlocks * kBlockStride,
           int kBoxDims = 64>
 struct KeyTileLoader {
@@ -193,8 +193,7 @@ struct KeyTileLoader {
 // The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
 // kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile's 64-dim
 // blocks (KeyTileLoader::issue).
-// Loader: the stage layout (KeyTileLoader's parameters; the alternating kernel's wide raw tiles
-// with fp8 q).
+// Loader: the stage layout (KeyTileLoader's parameters; the FP8 caches' wide raw tiles).
 template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1, class Loader = KeyTileLoader<kFp8Cache>>
 __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
