@@ -28,11 +28,15 @@
 #include <cstdlib>
 #include <vector>
 
+#include "micro_common.cuh"
 #include "kernels/sm90/launch_dependencies.cuh"
 #include "kernels/sm90/tma.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace sm90 = openmla::kernels::sm90;
+using openmla::micro::bulk_copy;
+using openmla::micro::check;
+using openmla::micro::median_us;
 
 namespace {
 
@@ -55,13 +59,6 @@ struct FloorArgs {
 
 enum class After { kNothing, kPartials, kCooperativeMerge };
 
-__device__ __forceinline__ void bulk_copy(void* destination, const void* source, uint32_t bytes, uint64_t* barrier) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          openmla::kernels::shared_address(destination)),
-      "l"(source), "r"(bytes), "r"(openmla::kernels::shared_address(barrier))
-      : "memory");
-}
 
 // One block merges `quads` float4 columns of row `row`, from `first_column` on, over `splits`
 // partials: the block's threads in groups of `quads`, group g summing splits g, g + groups, ...
@@ -184,12 +181,6 @@ __global__ void empty_kernel() {
   sm90::allow_next_grid();
 }
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
 
 template <typename... Parameters, typename... Arguments>
 cudaError_t launch(void (*kernel)(Parameters...), int grid, size_t shared_bytes, cudaStream_t stream,
@@ -252,33 +243,7 @@ cudaError_t run_once(Structure structure, const FloorArgs& args, int splits, cud
   return cudaErrorInvalidValue;
 }
 
-float median(std::vector<float> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
-// Median microseconds of `runs` timed calls of work() on `stream` (CUDA events), after `warm`
-// untimed ones.
-template <typename Work>
-float median_us(cudaStream_t stream, int warm, int runs, Work work) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  for (int run = 0; run < warm; ++run) work();
-  std::vector<float> times;
-  for (int run = 0; run < runs; ++run) {
-    check(cudaEventRecord(start, stream), "record");
-    work();
-    check(cudaEventRecord(stop, stream), "record");
-    check(cudaEventSynchronize(stop), "timed run");
-    float ms = 0.0f;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    times.push_back(ms * 1000.0f);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return median(times);
-}
 
 // Microseconds per call: a graph of kCalls calls (sources rotating through `copies`), replayed.
 // Negative if the structure cannot be captured or launched here (the error is printed).

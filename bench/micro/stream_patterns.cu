@@ -28,8 +28,12 @@
 #include <vector>
 
 #include "kernels/sm90/tma.cuh"
+#include "micro_common.cuh"
 
 namespace sm90 = openmla::kernels::sm90;
+using openmla::micro::bulk_copy;
+using openmla::micro::check;
+using openmla::micro::median_us;
 
 namespace {
 
@@ -57,13 +61,6 @@ struct StreamArgs {
   int prefetch_ahead;           // kBoxesPrefetched: tile t + this is prefetched to L2 before tile t's boxes
 };
 
-__device__ __forceinline__ void bulk_copy(void* destination, const void* source, uint32_t bytes, uint64_t* barrier) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          openmla::kernels::shared_address(destination)),
-      "l"(source), "r"(bytes), "r"(openmla::kernels::shared_address(barrier))
-      : "memory");
-}
 
 // The whole page (contiguous) into L2, so that DRAM sees one sequential read instead of the
 // boxes' 128-byte pieces of every row.
@@ -137,34 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
   }
 }
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
 
-template <typename Work>
-float median_us(cudaStream_t stream, int warm, int runs, Work work) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  for (int run = 0; run < warm; ++run) work();
-  std::vector<float> times;
-  for (int run = 0; run < runs; ++run) {
-    check(cudaEventRecord(start, stream), "record");
-    work();
-    check(cudaEventRecord(stop, stream), "record");
-    check(cudaEventSynchronize(stop), "timed run");
-    float ms = 0.0f;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    times.push_back(ms * 1000.0f);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
 
 CUtensorMap make_map(const uint8_t* cache, int element_bytes, int box_dims, int total_pages) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
