@@ -15,8 +15,9 @@
 // the kernel. Perf log, sessions 30 and 31.)
 // Tiling: key tiles of 64 tokens.
 // - S^T (64 keys x kRows): e4m3 wgmma m64nNk32, 18 steps, A = the raw tile as the TMA landed it
-//   (128-dim boxes, 128-byte swizzle: key_tiles.cuh wide_raw_offset), B = Q's e4m3 lines (an fp8 q as it is, N = kRows; a bf16 q as high and
-//   low parts, N = 2 kRows, summed after, fp8_tiles.cuh load_e4m3_query_rows), in 3 (16 rows) or
+//   (128-dim boxes, 128-byte swizzle: key_tiles.cuh wide_raw_offset), B = Q's e4m3 lines (an fp8
+//   q as it is, N = kRows; a bf16 q as high and low parts, N = 2 kRows, summed after,
+//   fp8_tiles.cuh load_e4m3_query_rows), in 3 (16 rows) or
 //   2 (32 rows) segments of steps accumulated afresh and added in fp32 (e4m3 wgmma keeps ~13
 //   bits of each step).
 // - softmax over keys (M): row maxima over the 8 lanes that share a row, then over the 4 warps of
@@ -38,7 +39,8 @@
 // warpgroup once a tile's V^T is in registers; a score warpgroup's reads of the stage end before
 // it publishes the tile, so before that.
 // Epilogue: the output warpgroup stages its normalised rows (dims in the fragments' order,
-// transposed_value_dim, restored here) in the free key stages and stores them row-contiguously (as narrow_kernel.cuh).
+// transposed_value_dim, restored here) in the free key stages and stores them row-contiguously
+// (as narrow_kernel.cuh).
 // Limits: Sq * Hq <= 32, FP8 E4M3 cache, q bf16 / fp16 (as e4m3 parts) or e4m3.
 #pragma once
 
@@ -409,16 +411,25 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
     mbarrier_wait(&full[stage], full_phase<kStages>(tile));  // (landed long ago: for the TMA bytes' visibility)
     const uint8_t* keys = stages + stage * kWideRawStageBytes;
     const uint64_t probability_descriptor = make_descriptor(probabilities(which), 16, 1024);
-    // Batch b: keys 32 h .. 32 h + 31 (h = b / 4) of M tiles 2 (b % 4) and 2 (b % 4) + 1.
-    auto load_batch = [&](int batch, uint32_t(&into)[4][4]) {
-      const int half = batch / 4, first_tile = 2 * (batch % 4);
+    // Batch b: keys 32 h .. 32 h + 31 (h = b / 4) of M tiles 2 (b % 4) and 2 (b % 4) + 1. Its
+    // bytes are loaded before the wait for the batch that still holds its buffer and widened after
+    // it, so that the loads' latency runs beside the wait.
+    auto load_raw_batch = [&](int batch, uint32_t(&matrices)[2][4]) {
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
-        const int tile_index = first_tile + m;
-        value_readers[tile_index / 4].load(keys, tile_index % 4, half, into[2 * m], into[2 * m + 1]);
+        const int tile_index = 2 * (batch % 4) + m;
+        value_readers[tile_index / 4].load_raw(keys, tile_index % 4, batch / 4, matrices[m]);
       }
     };
-    load_batch(0, fragments[0]);
+    auto widen_batch = [](const uint32_t(&matrices)[2][4], uint32_t(&into)[4][4]) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m) WideValueFragments::widen(matrices[m], into[2 * m], into[2 * m + 1]);
+    };
+    {
+      uint32_t matrices[2][4];
+      load_raw_batch(0, matrices);
+      widen_batch(matrices, fragments[0]);
+    }
 #pragma unroll
     for (int batch = 0; batch < kBatches; ++batch) {
       const int half = batch / 4, first_tile = 2 * (batch % 4);
@@ -430,18 +441,10 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       }
       wgmma_commit();
       if (batch + 1 < kBatches) {
-        // The next batch's bytes are loaded before the wait, widened into the other buffer after
-        // it (batch - 1, that buffer's last user, is done): the loads' latency runs beside it.
-        const int next_half = (batch + 1) / 4, next_tile = 2 * ((batch + 1) % 4);
         uint32_t matrices[2][4];
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          value_readers[(next_tile + m) / 4].load_raw(keys, (next_tile + m) % 4, next_half, matrices[m]);
-        }
-        wgmma_wait<kBuffers - 1>();
-        uint32_t(&into)[4][4] = fragments[(batch + 1) % kBuffers];
-#pragma unroll
-        for (int m = 0; m < 2; ++m) WideValueFragments::widen(matrices[m], into[2 * m], into[2 * m + 1]);
+        load_raw_batch(batch + 1, matrices);
+        wgmma_wait<kBuffers - 1>();  // batch - 1 (the other buffer's last user) is done
+        widen_batch(matrices, fragments[(batch + 1) % kBuffers]);
       }
     }
     mbarrier_arrive(&empty[stage]);  // every byte of the raw tile this thread reads is in registers
