@@ -315,15 +315,8 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       moved = __any_sync(0xffffffffu, moved);
 
       if (tile >= 2) mbarrier_wait(&consumed[which], phase_of(tile - 2));  // tile t - 2's products are done
-      uint8_t* probability_rows = probabilities(which);
-#pragma unroll
-      for (int i = 0; i < kRows / 2; ++i) {
-        const float probability = fast_exp2(scores[i] - used_reference[slot_of(i)]);
-        running_sum[slot_of(i)] += probability;
-        const int key = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-        *reinterpret_cast<uint16_t*>(probability_rows + swizzled_offset(row_of_slot(slot_of(i)), key)) =
-            uint16_t(pack_two<true>(probability, 0.0f) & 0xffffu);
-      }
+      store_transposed_probabilities<true, kRows>(scores, used_reference, running_sum, probabilities(which), warp, lane,
+                                                  slot_of, row_of_slot);
       if (warp == 0 && lane < 4) {
 #pragma unroll
         for (int slot = 0; slot < kSlots; ++slot) factors[which * kRows + row_of_slot(slot)] = factor[slot];

@@ -119,6 +119,24 @@ __device__ __forceinline__ void mask_scores_and_share_maxima(float (&scores)[kRo
   }
 }
 
+// Second step: P^T = 2^(score - reference of the row) into the swizzled P^T rows (16-bit, kHalf:
+// fp16, else bf16; keys as above), each added to this thread's row sums.
+template <bool kHalf, int kRows, class SlotOf, class RowOfSlot>
+__device__ __forceinline__ void store_transposed_probabilities(const float (&scores)[kRows / 2],
+                                                               const float (&reference)[kRows / 4],
+                                                               float (&running_sum)[kRows / 4], uint8_t* rows,
+                                                               int warp, int lane, SlotOf slot_of,
+                                                               RowOfSlot row_of_slot) {
+#pragma unroll
+  for (int i = 0; i < kRows / 2; ++i) {
+    const float probability = fast_exp2(scores[i] - reference[slot_of(i)]);
+    running_sum[slot_of(i)] += probability;
+    const int key = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+    *reinterpret_cast<uint16_t*>(rows + swizzled_offset(row_of_slot(slot_of(i)), key)) =
+        uint16_t(pack_two<kHalf>(probability, 0.0f) & 0xffffu);
+  }
+}
+
 template <bool kHalf, int kRows>
 __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     dense_decode_narrow_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
@@ -250,14 +268,8 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
       running_max[slot] = new_max;
       running_sum[slot] *= rescale[slot];
     }
-#pragma unroll
-    for (int i = 0; i < kRows / 2; ++i) {
-      const float probability = fast_exp2(scores[i] - reference[slot_of(i)]);
-      running_sum[slot_of(i)] += probability;
-      const int key = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-      *reinterpret_cast<uint16_t*>(probabilities + swizzled_offset(row_of_slot(slot_of(i)), key)) =
-          uint16_t(pack_two<kHalf>(probability, 0.0f) & 0xffffu);
-    }
+    store_transposed_probabilities<kHalf, kRows>(scores, reference, running_sum, probabilities, warp, lane, slot_of,
+                                                 row_of_slot);
     bool rescaled = false;
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) rescaled |= rescale[slot] != 1.0f;
