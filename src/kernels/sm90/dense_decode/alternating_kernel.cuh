@@ -246,9 +246,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
     set_register_count<kProducerRegisters, false>();
     if (threadIdx.x == kProducerStart) {
       if constexpr (kRawKeys) {
-        produce_key_tiles<true, kStages, 1, 1,
-                          KeyTileLoader<true, kWideRawBlockBytes, kWideRawStageBytes, kWideRawBoxDims>>(
-            &cache_map, args, table_row, range, stages, full, empty);
+        produce_key_tiles<true, kStages>(&cache_map, args, table_row, range, stages, full, empty);
       } else {
         produce_key_tiles<false, 2, 1, kKeyParts>(&cache_map, args, table_row, range, stages, full, empty);
       }

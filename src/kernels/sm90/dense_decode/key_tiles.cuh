@@ -120,15 +120,17 @@ __device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, 
 
 // Issues a split's key tiles by TMA (one thread): reads the block-table entries of a tile's
 // pages (only pages that hold keys of the sequence: entries past its end may be garbage) and
-// issues one box per kBoxDims dims per page, counted on the barrier `issue` is given. Block b of
-// stage s lands at stages + s * kStageStride + b * kBlockStride (by default packed). kBoxDims: 64,
-// or 128 for the FP8 caches' raw tiles (wide_raw_offset), whose last box reads dims 576..639
-// past the row's end as zeros.
-template <bool kFp8Cache, int kBlockStride = kTileKeys * (kFp8Cache ? 64 : 128), int kStageStride = kDimBlocks * kBlockStride,
-          int kBoxDims = 64>
+// issues one box per kBoxDims dims per page, counted on the barrier `issue` is given: 64 dims of a
+// 16-bit cache, 128 of an FP8 cache (wide_raw_offset; the last box reads dims 576..639 past the
+// row's end as zeros). Either way a box line is 128 bytes and block b of stage s lands at stages +
+// s * kStageStride + b * kBlockStride, packed.
+template <bool kFp8Cache>
 struct KeyTileLoader {
+  static constexpr int kBoxDims = kFp8Cache ? kWideRawBoxDims : 64;
   static constexpr int kLineBytes = kBoxDims * (kFp8Cache ? 1 : 2);  // one box line
+  static_assert(kLineBytes == 128, "128-byte swizzled box lines");
   static constexpr int kBlocks = (kHeadDim + kBoxDims - 1) / kBoxDims;  // boxes per page
+  static constexpr int kBlockStride = kTileKeys * kLineBytes, kStageStride = kBlocks * kBlockStride;
   static constexpr int kMaxBoxes = kTileKeys / 16;         // pages per tile at the smallest page size
   const CUtensorMap* cache_map;
   const SplitArgs& args;
@@ -193,12 +195,11 @@ struct KeyTileLoader {
 // The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
 // kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile's 64-dim
 // blocks (KeyTileLoader::issue).
-// Loader: the stage layout (KeyTileLoader's parameters; the FP8 caches' wide raw tiles).
-template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1, class Loader = KeyTileLoader<kFp8Cache>>
+template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1>
 __device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
                                                   uint8_t* stages, uint64_t* full, uint64_t* empty) {
-  Loader loader(cache_map, args, table_row, range, stages);
+  KeyTileLoader<kFp8Cache> loader(cache_map, args, table_row, range, stages);
   loader.read_pages(0);
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % kStages;

@@ -182,8 +182,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   if (warpgroup == Layout::kProducerGroup) {
     set_register_count<kProducerRegisters, false>();
     if (threadIdx.x == Layout::kProducerGroup * 128) {
-      produce_key_tiles<true, kStages, 1, 1, KeyTileLoader<true, kWideRawBlockBytes, kWideRawStageBytes, kWideRawBoxDims>>(
-          &cache_map, args, table_row, range, stages, full, empty);
+      produce_key_tiles<true, kStages>(&cache_map, args, table_row, range, stages, full, empty);
     }
     return;
   }
