@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
   // register budget per path.)
   if constexpr (!kScoreWarpgroup) set_register_count<kConsumerRegisters, true>();
 
-  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int warpgroup = warpgroup_index<!kFp8Cache>(), warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int thread_in_warpgroup = threadIdx.x % 128;
   const int row0 = 16 * warp + lane / 4;  // this thread's accumulator rows: row0, row0 + 8
   // The logits' scale (base 2) of rows row0, row0 + 8: a bf16 q split into e4m3 parts carries a

@@ -239,6 +239,19 @@ __device__ __forceinline__ void set_register_count() {
   }
 }
 
+// This thread's warpgroup (threadIdx.x / 128), taken through warp_uniform: whatever derives
+// from it (a warpgroup's first tile, hence each stage address and wgmma descriptor) then lives
+// in uniform registers instead of being advanced with 64-bit vector adds and moved by R2UR
+// before every wgmma (CUTLASS's canonical_warp_group_idx does the same). Kernel cycles on an
+// H200 (perf log, session 33): 16-bit 64-row kernel -2.3..2.6% (D1 Hq128, D3), 16-row narrow
+// FP8 kernel -2%; but the 32-row narrow FP8 kernel +1.3% and the FP8 64-row kernel +4.7%, which
+// therefore keep threadIdx.x / 128 (kUniform = false).
+template <bool kUniform = true>
+__device__ __forceinline__ int warpgroup_index() {
+  if constexpr (kUniform) return warp_uniform(int(threadIdx.x) / 128);
+  return int(threadIdx.x) / 128;
+}
+
 // The parity of the phase of tile `tile`'s full barrier (see produce_key_tiles).
 template <int kStages, int kGroups = 1>
 __host__ __device__ constexpr int full_phase(int tile) {

@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
     fence_barrier_init();
   }
   __syncthreads();  // the last barrier of all threads: each role leaves on its own
-  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int warpgroup = warpgroup_index<kRows == 16>(), warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   if (warpgroup == Layout::kProducerGroup) {
     set_register_count<kProducerRegisters, false>();
     if (threadIdx.x == Layout::kProducerGroup * 128) {
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       return tile == 0 ? -INFINITY : references[((tile - 1) % 2) * kRows + row_of_slot(slot)];
     };
     for (int tile = first; tile < range.tiles; tile += 2) {
-      const int stage = tile % kStages, which = tile % 2;
+      const int stage = warp_uniform(tile % kStages), which = tile % 2;
       const int first_key = range.begin + tile * kTileKeys;
       const int valid = range.length - first_key;
       float* exchange = reinterpret_cast<float*>(shared + Layout::kExchange) + (2 * first + (tile / 2) % 2) * 4 * kRows;
@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   // Each tile's products are waited for at its end (run on into the next tile, ptxas serialised
   // every wgmma: C7513), so a rescale needs no wait and the P buffer is handed back at once.
   for (int tile = 0; tile < range.tiles; ++tile) {
-    const int stage = tile % kStages, which = tile % 2;
+    const int stage = warp_uniform(tile % kStages), which = tile % 2;
     mbarrier_wait(&published[which], phase_of(tile));
     if (moved_flags[which] != 0) {
       float factor[kSlots];

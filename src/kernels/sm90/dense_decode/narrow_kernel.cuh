@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   const uint64_t probability_descriptor = make_descriptor(probabilities, 16, 1024);
 
   for (int tile = 0; tile < range.tiles; ++tile) {
-    const int stage = tile % Layout::kStages;
+    const int stage = warp_uniform(tile % Layout::kStages);
     const int first_key = range.begin + tile * kTileKeys;
     const int valid = range.length - first_key;
     const int full_parity = full_phase<Layout::kStages>(tile);

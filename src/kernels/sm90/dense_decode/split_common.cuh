@@ -161,6 +161,14 @@ static __device__ __noinline__ int balanced_split_count(const int32_t* seq_lens,
   return max(1, min(splits, (min(tiles, kCountedTiles) + chunk - 1) / chunk));
 }
 
+// A value that every lane of the warp holds alike, taken from lane 0 so that ptxas knows it is
+// warp-uniform. It does not know that of threadIdx.x / 128, nor of a tile loop's counter: it kept
+// the counter, hence each stage address and wgmma descriptor derived from it, in vector
+// registers, and every wgmma waited on 64-bit vector adds and two R2UR moves (the 16-bit narrow
+// kernel: 173 R2UR for 68 wgmma, 40 with its stage index passed through here; perf log session
+// 33). Every lane of the warp must call it (full mask).
+__device__ __forceinline__ int warp_uniform(int value) { return __shfl_sync(0xffffffffu, value, 0); }
+
 // How many of the grid's splits the request of `tiles` key tiles uses. A uniform plan: all of
 // them. A balanced plan (decode_plan.h): warp 0 sums the key tiles of all requests and keeps
 // one split unless the lengths are uneven and the request is longer than a chunk of the fair
