@@ -399,6 +399,14 @@ __device__ __forceinline__ void store_matrices_x4(uint8_t* row, const uint32_t (
                : "memory");
 }
 
+// The same, each matrix stored transposed (its row r becomes row r of the stored matrix's columns:
+// a thread's pair (row g, columns 2 q, 2 q + 1) lands in rows 2 q, 2 q + 1 at column g).
+__device__ __forceinline__ void store_transposed_matrices_x4(uint8_t* row, const uint32_t (&values)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(shared_address(row)),
+               "r"(values[0]), "r"(values[1]), "r"(values[2]), "r"(values[3])
+               : "memory");
+}
+
 // Row maxima of the m64 accumulator rows (the 4 lanes of a quad hold a row's columns).
 __device__ __forceinline__ float max_over_quad(float value) {
   value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));

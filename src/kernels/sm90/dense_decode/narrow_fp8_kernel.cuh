@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
 
       if (tile >= 2) mbarrier_wait(&consumed[which], phase_of(tile - 2));  // tile t - 2's products are done
       store_transposed_probabilities<true, kRows>(scores, used_reference, running_sum, probabilities(which), warp, lane,
-                                                  slot_of, row_of_slot);
+                                                  slot_of);
       if (warp == 0 && lane < 4) {
 #pragma unroll
         for (int slot = 0; slot < kSlots; ++slot) factors[which * kRows + row_of_slot(slot)] = factor[slot];

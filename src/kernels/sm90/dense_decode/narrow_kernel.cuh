@@ -120,20 +120,33 @@ __device__ __forceinline__ void mask_scores_and_share_maxima(float (&scores)[kRo
 }
 
 // Second step: P^T = 2^(score - reference of the row) into the swizzled P^T rows (16-bit, kHalf:
-// fp16, else bf16; keys as above), each added to this thread's row sums.
-template <bool kHalf, int kRows, class SlotOf, class RowOfSlot>
+// fp16, else bf16), each added to this thread's row sums. A thread's elements 4 j + 2 h + e are
+// (key 16 warp + lane / 4 + 8 h, query row 8 j + 2 (lane % 4) + e): per (j, h) an 8 x 8 matrix
+// of keys x query rows in the mma fragment layout, which stmatrix.trans stores as query rows of 8
+// keys (16 bytes). Two stores of four matrices at 32 rows (one at 16) instead of one 16-bit
+// store per element, each with its own swizzled address.
+template <bool kHalf, int kRows, class SlotOf>
 __device__ __forceinline__ void store_transposed_probabilities(const float (&scores)[kRows / 2],
                                                                const float (&reference)[kRows / 4],
                                                                float (&running_sum)[kRows / 4], uint8_t* rows,
-                                                               int warp, int lane, SlotOf slot_of,
-                                                               RowOfSlot row_of_slot) {
+                                                               int warp, int lane, SlotOf slot_of) {
+  static_assert(kRows % 16 == 0, "whole stores of four matrices");
+  uint32_t packed[kRows / 4];  // matrix 2 j + h
 #pragma unroll
-  for (int i = 0; i < kRows / 2; ++i) {
-    const float probability = fast_exp2(scores[i] - reference[slot_of(i)]);
-    running_sum[slot_of(i)] += probability;
-    const int key = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-    *reinterpret_cast<uint16_t*>(rows + swizzled_offset(row_of_slot(slot_of(i)), key)) =
-        uint16_t(pack_two<kHalf>(probability, 0.0f) & 0xffffu);
+  for (int i = 0; i < kRows / 2; i += 2) {
+    const float first = fast_exp2(scores[i] - reference[slot_of(i)]);
+    const float second = fast_exp2(scores[i + 1] - reference[slot_of(i + 1)]);
+    running_sum[slot_of(i)] += first;
+    running_sum[slot_of(i + 1)] += second;
+    packed[i / 2] = pack_two<kHalf>(first, second);
+  }
+  // Lane l addresses row l % 8 of matrix 4 x + l / 8: query row 8 j + l % 8, keys 16 warp + 8 h ..
+#pragma unroll
+  for (int x = 0; x < kRows / 16; ++x) {
+    const int matrix = 4 * x + lane / 8;
+    const uint32_t(&four)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&packed[4 * x]);
+    store_transposed_matrices_x4(rows + swizzled_offset(8 * (matrix / 2) + lane % 8, 16 * warp + 8 * (matrix % 2)),
+                                 four);
   }
 }
 
@@ -268,8 +281,7 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
       running_max[slot] = new_max;
       running_sum[slot] *= rescale[slot];
     }
-    store_transposed_probabilities<kHalf, kRows>(scores, reference, running_sum, probabilities, warp, lane, slot_of,
-                                                 row_of_slot);
+    store_transposed_probabilities<kHalf, kRows>(scores, reference, running_sum, probabilities, warp, lane, slot_of);
     bool rescaled = false;
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) rescaled |= rescale[slot] != 1.0f;
