@@ -1,7 +1,8 @@
 // Microbenchmark: how fast an SM widens e4m3 bytes to fp16 pairs, the FP8 kernels' V^T
 // fragments (src/kernels/sm90/dense_decode/fp8_fragments.cuh), by three methods:
 // - cvt: one byte permute per 4 bytes, then cvt.rn.f16x2.e4m3x2 per pair (F2FP in SASS; the
-//   conversion instructions are said to run at a fraction of the ALU rate on Hopper);
+//   kernels' own widen_fp8_pair / widen_fp8_pair_high; conversion instructions are said to run
+//   at a fraction of the ALU rate on Hopper);
 // - bits: integer ops only (mask, shift, or: the e4m3 sign, exponent and mantissa moved into an
 //   fp16's fields), which gives every value exactly, scaled by 2^-8 (zero and subnormals too);
 // - half of each, on alternate words, so that both pipes work.
@@ -13,23 +14,17 @@
 
 #include <cstdio>
 
+#include "kernels/sm90/dense_decode/fp8_fragments.cuh"
 #include "micro_common.cuh"
 
+using openmla::kernels::sm90::widen_fp8_pair;
+using openmla::kernels::sm90::widen_fp8_pair_high;
 using openmla::micro::check;
 
 enum Method { kBaseline, kCvt, kBits, kHalfEach };
 constexpr int kWords = 16;
 constexpr int kRounds = 4096;
 
-__device__ __forceinline__ uint32_t cvt_low(uint32_t bytes) {
-  const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bytes & 0xffffu), __NV_E4M3);
-  return uint32_t(pair.x) | (uint32_t(pair.y) << 16);
-}
-__device__ __forceinline__ uint32_t cvt_high(uint32_t bytes) {
-  uint32_t pair;
-  asm("{\n.reg .b16 low, high;\nmov.b32 {low, high}, %1;\ncvt.rn.f16x2.e4m3x2 %0, high;\n}\n" : "=r"(pair) : "r"(bytes));
-  return pair;
-}
 // Bytes 1 and 3 of `bytes` as an fp16 pair, each value x 2^-8.
 __device__ __forceinline__ uint32_t bits_odd(uint32_t bytes) {
   return (bytes & 0x80008000u) | ((bytes & 0x7f007f00u) >> 1);
@@ -50,8 +45,8 @@ __global__ void widen_kernel(uint32_t seed, uint32_t* sink, long long* cycles) {
       uint32_t low, high;
       if (kMethod == kCvt || (kMethod == kHalfEach && i % 2 == 0)) {
         const uint32_t paired = __byte_perm(word, 0, 0x3120);
-        low = cvt_low(paired);
-        high = cvt_high(paired);
+        low = widen_fp8_pair(paired);
+        high = widen_fp8_pair_high(paired);
       } else if (kMethod == kBits || kMethod == kHalfEach) {
         low = bits_odd(word << 8);
         high = bits_odd(word);

@@ -393,18 +393,19 @@ __device__ __forceinline__ void stage_alternating_output(const SplitArgs& args, 
 }
 
 // Four 8 x 8 matrices of 16-bit values stored; lane l gives the address of row l % 8 of matrix l / 8.
+// kTransposed: each matrix stored transposed (a thread's pair (row g, columns 2 q, 2 q + 1) lands
+// in rows 2 q, 2 q + 1 at column g).
+template <bool kTransposed = false>
 __device__ __forceinline__ void store_matrices_x4(uint8_t* row, const uint32_t (&values)[4]) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(shared_address(row)),
-               "r"(values[0]), "r"(values[1]), "r"(values[2]), "r"(values[3])
-               : "memory");
-}
-
-// The same, each matrix stored transposed (its row r becomes row r of the stored matrix's columns:
-// a thread's pair (row g, columns 2 q, 2 q + 1) lands in rows 2 q, 2 q + 1 at column g).
-__device__ __forceinline__ void store_transposed_matrices_x4(uint8_t* row, const uint32_t (&values)[4]) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(shared_address(row)),
-               "r"(values[0]), "r"(values[1]), "r"(values[2]), "r"(values[3])
-               : "memory");
+  if constexpr (kTransposed) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(shared_address(row)),
+                 "r"(values[0]), "r"(values[1]), "r"(values[2]), "r"(values[3])
+                 : "memory");
+  } else {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(shared_address(row)),
+                 "r"(values[0]), "r"(values[1]), "r"(values[2]), "r"(values[3])
+                 : "memory");
+  }
 }
 
 // Row maxima of the m64 accumulator rows (the 4 lanes of a quad hold a row's columns).

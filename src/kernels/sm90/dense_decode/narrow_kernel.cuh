@@ -145,8 +145,7 @@ __device__ __forceinline__ void store_transposed_probabilities(const float (&sco
   for (int x = 0; x < kRows / 16; ++x) {
     const int matrix = 4 * x + lane / 8;
     const uint32_t(&four)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&packed[4 * x]);
-    store_transposed_matrices_x4(rows + swizzled_offset(8 * (matrix / 2) + lane % 8, 16 * warp + 8 * (matrix % 2)),
-                                 four);
+    store_matrices_x4<true>(rows + swizzled_offset(8 * (matrix / 2) + lane % 8, 16 * warp + 8 * (matrix % 2)), four);
   }
 }
 
