@@ -20,12 +20,13 @@
 //   fp8_tiles.cuh load_e4m3_query_rows), in 3 (16 rows) or
 //   2 (32 rows) segments of steps accumulated afresh and added in fp32 (e4m3 wgmma keeps ~13
 //   bits of each step).
-// - softmax over keys (M): row maxima over the 8 lanes that share a row, then over the 4 warps of
-//   the score warpgroup through shared memory (one named barrier; its exchange alternates
-//   between two buffers so that the next tile's writes cannot overtake this tile's reads); then
-//   the reference, lazy (it moves only when a row maximum passes it by 2^8), from the other
-//   score warpgroup's reference after tile t - 1; each group keeps its row sums against its own
-//   last reference and rescales them at the end.
+// - softmax over keys (M): the reference is lazy (it moves only when a row maximum passes it by
+//   2^8), so a vote of the score warpgroup comes first (bar.red): only if some score passes the
+//   group's last reference by that, row maxima over the 8 lanes that share a row, then over the
+//   4 warps through shared memory (one named barrier; its exchange alternates between two
+//   buffers so that the next tile's writes cannot overtake this tile's reads); then the
+//   reference from the other score warpgroup's after tile t - 1; each group keeps its row sums
+//   against its own last reference and rescales them at the end.
 // - O^T (512 dims x kRows) += V^T P^T: 4 k steps x 8 M tiles of fp16 wgmma m64nNk16, A = V^T
 //   fragments widened from the raw tile in registers (fp8_fragments.cuh WideValueFragments: one
 //   ldmatrix.trans per 16 values), B = P^T; batches of 2 k steps x 2 M tiles, each batch's
@@ -278,10 +279,33 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       if (valid < kTileKeys) zero_key_lines<kLatentDim / kWideRawBoxDims, kWideRawBoxDims>(keys, valid, threadIdx.x % 128, 128);
 
       // Online softmax over keys, base 2: the tile's row maxima over this group's 4 warps, then
-      // the reference through tile t, from the other group's through tile t - 1.
-      mask_scores_and_share_maxima<kRows>(scores, visible, first_key, warp, lane, slot_of, row_of_slot,
-                                          [&](int slot) { return logit_scale[slot]; }, exchange);
-      sync_named(own_barrier, 128);  // all warps' maxima in
+      // the reference through tile t, from the other group's through tile t - 1. The lazy
+      // reference moves only where a row maximum passes the reference before the tile by more
+      // than kReferenceSlackLog2, and that reference is at least this group's own last one; so
+      // where no score passes that by the slack (one vote of the warpgroup: most tiles once the
+      // rows have seen keys) the maxima are not needed and their shuffles, shared-memory exchange
+      // and second barrier are skipped (they queue behind the other roles' shared-memory traffic).
+      float tile_max[kSlots], row_max[kSlots];
+      mask_scores<kRows>(scores, tile_max, visible, first_key, warp, lane, slot_of,
+                         [&](int slot) { return logit_scale[slot]; });
+      bool may_move = false;
+#pragma unroll
+      for (int slot = 0; slot < kSlots; ++slot) may_move |= tile_max[slot] > reference[slot] + kReferenceSlackLog2;
+      // (A group's first tile always shares: its reference is -inf. Short-circuited, so that a
+      // split of one or two tiles, D4's, pays no vote.)
+      if (tile == first || sync_named_any(own_barrier, 128, may_move)) {
+        share_row_maxima<kRows>(tile_max, warp, lane, row_of_slot, exchange);
+        sync_named(own_barrier, 128);  // all warps' maxima in
+#pragma unroll
+        for (int slot = 0; slot < kSlots; ++slot) {
+          const int row = row_of_slot(slot);
+          row_max[slot] = fmaxf(fmaxf(exchange[row], exchange[kRows + row]),
+                                fmaxf(exchange[2 * kRows + row], exchange[3 * kRows + row]));
+        }
+      } else {
+#pragma unroll
+        for (int slot = 0; slot < kSlots; ++slot) row_max[slot] = -INFINITY;  // the reference stays
+      }
       if (tile > 0) mbarrier_wait(&reference_published[1 - which], phase_of(tile - 1));
       // Lazy reference (as the 64-row kernel's, kReferenceSlackLog2): it moves only when the
       // tile's row maximum passes it by more than 2^8, so that most tiles leave O^T's factors 1
@@ -291,11 +315,8 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       bool moved = false;
 #pragma unroll
       for (int slot = 0; slot < kSlots; ++slot) {
-        const int row = row_of_slot(slot);
         const float before = previous_reference(tile, slot);
-        const float row_max = fmaxf(fmaxf(exchange[row], exchange[kRows + row]),
-                                    fmaxf(exchange[2 * kRows + row], exchange[3 * kRows + row]));
-        new_reference[slot] = row_max > before + kReferenceSlackLog2 ? row_max : before;
+        new_reference[slot] = row_max[slot] > before + kReferenceSlackLog2 ? row_max[slot] : before;
         const float used = new_reference[slot] == -INFINITY ? 0.0f : new_reference[slot];  // no key yet: p = 0
         factor[slot] = fast_exp2(before - used);  // O^T's (0 before a row's first key: O^T is 0 there)
         moved |= factor[slot] != 1.0f && before != -INFINITY;

@@ -11,15 +11,17 @@
 // Tiling: key tiles of 64 tokens.
 // - S^T (64 keys x kRows): wgmma m64nNk16, 36 steps over 4 independent accumulators; A = the K
 //   tile (K-major), B = Q.
-// - softmax over keys (the M direction): row maxima reduced across the 8 lanes that share a
-//   row, then across the 4 warps through shared memory; P^T written to shared memory.
+// - softmax over keys (the M direction), with a lazy reference (it moves only when a row maximum
+//   passes it by 2^8): a vote of the warpgroup first; only if some score passes the reference by
+//   that, row maxima reduced across the 8 lanes that share a row, then across the 4 warps
+//   through shared memory; P^T written to shared memory.
 // - O^T (512 dims x kRows) += V^T P^T: 8 x 4 wgmma m64nNk16 per tile, A = V read M-major
 //   (tnspA) from the same K tile, B = P^T; 4 kRows fp32 accumulators per thread.
 // Shared memory: Q (9 swizzled blocks of kRows 128-byte lines), P^T, the maxima exchange, and two
 // 72 KB key stages. 32-row tiles moved D2 Hq 32 off the 64-row kernel (431 -> 419 us on an H100,
 // as fast as Hq 16).
 // Pipeline: the next tile streams in while tile t is computed; two warpgroup barriers per tile
-// (three when the tile is partial). A tile lands in three parts (kParts), S^T starting on the
+// (one more when the reference moves, one more when the tile is partial). A tile lands in three parts (kParts), S^T starting on the
 // first.
 // Softmax, epilogue: as the alternating kernel (base-2 online softmax with -inf guards; one split
 // writes bf16 output and LSE, several write fp32 partials for the combine step). The output
@@ -93,14 +95,13 @@ __device__ __forceinline__ void wgmma_rows_a_m_major(float (&d)[kRows / 2], uint
 // The transposed kernels' softmax, first step (this one and narrow_fp8_kernel.cuh): S^T's
 // scores of a tile (element i of a thread: key 16 warp + lane / 4 + 8 ((i / 2) % 2), query row
 // row_of_slot(slot_of(i))) scaled to base-2 logits by scale_of(slot) and masked to -inf past each
-// row's visible end; each row's maximum over the warp's 16 keys (the 8 lanes that share the row)
-// into exchange[warp][row], which the caller's barrier makes readable to every warp.
-template <int kRows, class SlotOf, class RowOfSlot, class ScaleOf>
-__device__ __forceinline__ void mask_scores_and_share_maxima(float (&scores)[kRows / 2], const int (&visible)[kRows / 4],
-                                                             int first_key, int warp, int lane, SlotOf slot_of,
-                                                             RowOfSlot row_of_slot, ScaleOf scale_of, float* exchange) {
+// row's visible end; into tile_max, this thread's maximum of each of its rows (fmaxf: NaN scores
+// do not count unless all are NaN).
+template <int kRows, class SlotOf, class ScaleOf>
+__device__ __forceinline__ void mask_scores(float (&scores)[kRows / 2], float (&tile_max)[kRows / 4],
+                                            const int (&visible)[kRows / 4], int first_key, int warp, int lane,
+                                            SlotOf slot_of, ScaleOf scale_of) {
   constexpr int kSlots = kRows / 4;
-  float tile_max[kSlots];
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) tile_max[slot] = -INFINITY;
 #pragma unroll
@@ -109,6 +110,14 @@ __device__ __forceinline__ void mask_scores_and_share_maxima(float (&scores)[kRo
     scores[i] = key < visible[slot_of(i)] ? scores[i] * scale_of(slot_of(i)) : -INFINITY;
     tile_max[slot_of(i)] = fmaxf(tile_max[slot_of(i)], scores[i]);
   }
+}
+
+// Each row's maximum over the warp's 16 keys (the 8 lanes that share the row, from mask_scores'
+// tile_max) into exchange[warp][row], which the caller's barrier makes readable to every warp.
+template <int kRows, class RowOfSlot>
+__device__ __forceinline__ void share_row_maxima(float (&tile_max)[kRows / 4], int warp, int lane, RowOfSlot row_of_slot,
+                                                 float* exchange) {
+  constexpr int kSlots = kRows / 4;
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) {
 #pragma unroll
@@ -264,17 +273,36 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
       }
     }
 
-    // Online softmax over keys, base 2.
-    mask_scores_and_share_maxima<kRows>(scores, visible, first_key, warp, lane, slot_of, row_of_slot,
-                                        [&](int) { return logit_scale; }, exchange);
-    sync_narrow_consumers();  // all warps' maxima in; also every warp finished the last O^T update
+    // Online softmax over keys, base 2, with a lazy reference (running_max; as the FP8 kernels'):
+    // it moves only where a row's maximum passes it by more than kReferenceSlackLog2 (p <= 2^8
+    // keeps its relative precision in fp16), so that most tiles leave O^T unscaled, and where no
+    // score of the warpgroup passes it so (one vote) the row maxima are not needed: their
+    // shuffles, shared-memory exchange and barrier are skipped.
+    float tile_max[kSlots], row_max[kSlots];
+    mask_scores<kRows>(scores, tile_max, visible, first_key, warp, lane, slot_of, [&](int) { return logit_scale; });
+    bool may_move = false;
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) may_move |= tile_max[slot] > running_max[slot] + kReferenceSlackLog2;
+    // (The vote's barrier: also every warp finished the last O^T update, which read P^T. Tile 0
+    // follows no update and its reference is -inf: it shares without a vote, as D4's splits of
+    // one tile did before the vote.)
+    if (tile == 0 || sync_named_any(1, kNarrowGroupThreads, may_move)) {
+      share_row_maxima<kRows>(tile_max, warp, lane, row_of_slot, exchange);
+      sync_narrow_consumers();  // all warps' maxima in
+#pragma unroll
+      for (int slot = 0; slot < kSlots; ++slot) {
+        const int row = row_of_slot(slot);
+        row_max[slot] = fmaxf(fmaxf(exchange[row], exchange[kRows + row]),
+                              fmaxf(exchange[2 * kRows + row], exchange[3 * kRows + row]));
+      }
+    } else {
+#pragma unroll
+      for (int slot = 0; slot < kSlots; ++slot) row_max[slot] = -INFINITY;  // the reference stays
+    }
     float rescale[kSlots], reference[kSlots];
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) {
-      const int row = row_of_slot(slot);
-      const float new_max =
-          fmaxf(fmaxf(running_max[slot], fmaxf(exchange[row], exchange[kRows + row])),
-                fmaxf(exchange[2 * kRows + row], exchange[3 * kRows + row]));
+      const float new_max = row_max[slot] > running_max[slot] + kReferenceSlackLog2 ? row_max[slot] : running_max[slot];
       reference[slot] = new_max == -INFINITY ? 0.0f : new_max;
       rescale[slot] = fast_exp2(running_max[slot] - reference[slot]);
       running_max[slot] = new_max;
