@@ -21,8 +21,8 @@
 // 72 KB key stages. 32-row tiles moved D2 Hq 32 off the 64-row kernel (431 -> 419 us on an H100,
 // as fast as Hq 16).
 // Pipeline: the next tile streams in while tile t is computed; two warpgroup barriers per tile
-// (one more when the reference moves, one more when the tile is partial). A tile lands in three parts (kParts), S^T starting on the
-// first.
+// (one more when the reference moves, one more when the tile is partial). A tile lands in three
+// parts (kParts), S^T starting on the first.
 // Softmax, epilogue: as the alternating kernel (base-2 online softmax with -inf guards; one split
 // writes bf16 output and LSE, several write fp32 partials for the combine step). The output
 // is staged through shared memory so that the stores are row-contiguous.
