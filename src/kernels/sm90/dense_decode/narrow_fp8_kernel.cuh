@@ -288,24 +288,9 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       float tile_max[kSlots], row_max[kSlots];
       mask_scores<kRows>(scores, tile_max, visible, first_key, warp, lane, slot_of,
                          [&](int slot) { return logit_scale[slot]; });
-      bool may_move = false;
-#pragma unroll
-      for (int slot = 0; slot < kSlots; ++slot) may_move |= tile_max[slot] > reference[slot] + kReferenceSlackLog2;
-      // (A group's first tile always shares: its reference is -inf. Short-circuited, so that a
-      // split of one or two tiles, D4's, pays no vote.)
-      if (tile == first || sync_named_any(own_barrier, 128, may_move)) {
-        share_row_maxima<kRows>(tile_max, warp, lane, row_of_slot, exchange);
-        sync_named(own_barrier, 128);  // all warps' maxima in
-#pragma unroll
-        for (int slot = 0; slot < kSlots; ++slot) {
-          const int row = row_of_slot(slot);
-          row_max[slot] = fmaxf(fmaxf(exchange[row], exchange[kRows + row]),
-                                fmaxf(exchange[2 * kRows + row], exchange[3 * kRows + row]));
-        }
-      } else {
-#pragma unroll
-        for (int slot = 0; slot < kSlots; ++slot) row_max[slot] = -INFINITY;  // the reference stays
-      }
+      // (A group's first tile always shares: its reference is -inf. Without a vote, so that a
+      // split of one or two tiles, D4's, pays none.)
+      lazy_row_maxima<kRows>(tile_max, reference, tile == first, own_barrier, warp, lane, row_of_slot, exchange, row_max);
       if (tile > 0) mbarrier_wait(&reference_published[1 - which], phase_of(tile - 1));
       // Lazy reference (as the 64-row kernel's, kReferenceSlackLog2): it moves only when the
       // tile's row maximum passes it by more than 2^8, so that most tiles leave O^T's factors 1

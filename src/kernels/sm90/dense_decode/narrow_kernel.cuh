@@ -112,19 +112,41 @@ __device__ __forceinline__ void mask_scores(float (&scores)[kRows / 2], float (&
   }
 }
 
-// Each row's maximum over the warp's 16 keys (the 8 lanes that share the row, from mask_scores'
-// tile_max) into exchange[warp][row], which the caller's barrier makes readable to every warp.
+// Second step, for a lazy reference (it moves only where a row's maximum passes it by more than
+// kReferenceSlackLog2): row_max, each of this thread's rows' maximum over the warpgroup's 64 keys,
+// or -inf where the reference cannot move. A vote of the warpgroup first (bar.red on named
+// barrier `barrier`, 128 threads; share_without_vote skips it, for a first tile whose reference
+// is -inf): only if some score passes `reference` (a reference no later than the one the caller
+// compares row_max with) by the slack, the maxima over the 8 lanes that share a row (shuffles),
+// then over the 4 warps through exchange[warp][row] and a second barrier. Most tiles, once the
+// rows have seen keys, skip those shared-memory steps.
 template <int kRows, class RowOfSlot>
-__device__ __forceinline__ void share_row_maxima(float (&tile_max)[kRows / 4], int warp, int lane, RowOfSlot row_of_slot,
-                                                 float* exchange) {
+__device__ __forceinline__ void lazy_row_maxima(float (&tile_max)[kRows / 4], const float (&reference)[kRows / 4],
+                                                bool share_without_vote, int barrier, int warp, int lane,
+                                                RowOfSlot row_of_slot, float* exchange, float (&row_max)[kRows / 4]) {
   constexpr int kSlots = kRows / 4;
+  bool may_move = false;
 #pragma unroll
-  for (int slot = 0; slot < kSlots; ++slot) {
+  for (int slot = 0; slot < kSlots; ++slot) may_move |= tile_max[slot] > reference[slot] + kReferenceSlackLog2;
+  if (share_without_vote || sync_named_any(barrier, 128, may_move)) {
 #pragma unroll
-    for (int mask = 4; mask < 32; mask *= 2) {
-      tile_max[slot] = fmaxf(tile_max[slot], __shfl_xor_sync(0xffffffffu, tile_max[slot], mask));
+    for (int slot = 0; slot < kSlots; ++slot) {
+#pragma unroll
+      for (int mask = 4; mask < 32; mask *= 2) {
+        tile_max[slot] = fmaxf(tile_max[slot], __shfl_xor_sync(0xffffffffu, tile_max[slot], mask));
+      }
+      if (lane < 4) exchange[warp * kRows + row_of_slot(slot)] = tile_max[slot];
     }
-    if (lane < 4) exchange[warp * kRows + row_of_slot(slot)] = tile_max[slot];
+    sync_named(barrier, 128);  // all warps' maxima in
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) {
+      const int row = row_of_slot(slot);
+      row_max[slot] = fmaxf(fmaxf(exchange[row], exchange[kRows + row]),
+                            fmaxf(exchange[2 * kRows + row], exchange[3 * kRows + row]));
+    }
+  } else {
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) row_max[slot] = -INFINITY;  // the reference stays
   }
 }
 
@@ -280,25 +302,11 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     // shuffles, shared-memory exchange and barrier are skipped.
     float tile_max[kSlots], row_max[kSlots];
     mask_scores<kRows>(scores, tile_max, visible, first_key, warp, lane, slot_of, [&](int) { return logit_scale; });
-    bool may_move = false;
-#pragma unroll
-    for (int slot = 0; slot < kSlots; ++slot) may_move |= tile_max[slot] > running_max[slot] + kReferenceSlackLog2;
     // (The vote's barrier: also every warp finished the last O^T update, which read P^T. Tile 0
     // follows no update and its reference is -inf: it shares without a vote, as D4's splits of
     // one tile did before the vote.)
-    if (tile == 0 || sync_named_any(1, kNarrowGroupThreads, may_move)) {
-      share_row_maxima<kRows>(tile_max, warp, lane, row_of_slot, exchange);
-      sync_narrow_consumers();  // all warps' maxima in
-#pragma unroll
-      for (int slot = 0; slot < kSlots; ++slot) {
-        const int row = row_of_slot(slot);
-        row_max[slot] = fmaxf(fmaxf(exchange[row], exchange[kRows + row]),
-                              fmaxf(exchange[2 * kRows + row], exchange[3 * kRows + row]));
-      }
-    } else {
-#pragma unroll
-      for (int slot = 0; slot < kSlots; ++slot) row_max[slot] = -INFINITY;  // the reference stays
-    }
+    static_assert(kNarrowGroupThreads == 128, "lazy_row_maxima's barrier spans one warpgroup");
+    lazy_row_maxima<kRows>(tile_max, running_max, tile == 0, 1, warp, lane, row_of_slot, exchange, row_max);
     float rescale[kSlots], reference[kSlots];
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) {
