@@ -15,6 +15,13 @@
 // against a device-to-device copy (bytes read + written) in the same run. A diagnostic for the
 // roadmap's question "does the narrow kernels' stream lose in the TMA's access pattern?" (perf
 // log, session 32); built with everything so that it keeps compiling.
+// `openmla-stream-patterns schedules` runs only the second part (perf log, session 35): the boxes
+// loader under two schedules, with each CTA's start and end (globaltimer) summarised:
+//   static   one CTA per request, as the split kernels run D2 (128 CTAs, 4 SMs idle)
+//   dynamic  one CTA per SM; every CTA claims chunks of a request's tiles from one global counter
+//            (atomicAdd, one chunk claimed ahead) until none is left, so that an SM that streams
+//            faster takes more chunks. The bound on what a work-stealing split kernel could gain
+//            where CTAs of one schedule end unevenly (no math: switching requests costs nothing here).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -25,6 +32,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/sm90/tma.cuh"
@@ -59,7 +67,16 @@ struct StreamArgs {
   int row_bytes, box_bytes, boxes, stage_bytes, stages;
   int hold_cycles;              // how long the consumer keeps each stage before releasing it (the math)
   int prefetch_ahead;           // kBoxesPrefetched: tile t + this is prefetched to L2 before tile t's boxes
+  int* work_counter;            // the dynamic schedule's next chunk (zeroed before each launch)
+  int chunk_tiles;              // tiles a claim takes
+  unsigned long long* spans;    // [CTA][2]: globaltimer at the start and the end
 };
+
+__device__ __forceinline__ unsigned long long global_nanoseconds() {
+  unsigned long long time;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(time));
+  return time;
+}
 
 
 // The whole page (contiguous) into L2, so that DRAM sees one sequential read instead of the
@@ -74,6 +91,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
   __shared__ uint64_t full[8], empty[8];
   const int request = blockIdx.x;
   if (threadIdx.x == 0) {
+    if (args.spans != nullptr) args.spans[2 * blockIdx.x] = global_nanoseconds();
     for (int stage = 0; stage < args.stages; ++stage) {
       sm90::mbarrier_init(&full[stage], 1);
       sm90::mbarrier_init(&empty[stage], 32);
@@ -130,11 +148,77 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
       __syncwarp();
       sm90::mbarrier_arrive(&empty[stage]);
     }
-    if (threadIdx.x == 32) args.checksum[request] = checksum;
+    if (threadIdx.x == 32) {
+      args.checksum[request] = checksum;
+      if (args.spans != nullptr) args.spans[2 * blockIdx.x + 1] = global_nanoseconds();
+    }
   }
 }
 
 
+
+// The boxes loader over claimed chunks (the dynamic schedule). Stage slot `stage_tile` carries the
+// tile's global index, -1 once the counter ran out (the producer then completes the stage's full
+// barrier without bytes, so the consumer learns the end from the stage it waits for anyway).
+__global__ void __launch_bounds__(kThreads, 1) dynamic_stream_kernel(const __grid_constant__ CUtensorMap map, StreamArgs args) {
+  extern __shared__ __align__(1024) uint8_t stages[];
+  __shared__ uint64_t full[8], empty[8];
+  __shared__ int stage_tile[8];
+  if (threadIdx.x == 0) {
+    args.spans[2 * blockIdx.x] = global_nanoseconds();
+    for (int stage = 0; stage < args.stages; ++stage) {
+      sm90::mbarrier_init(&full[stage], 1);
+      sm90::mbarrier_init(&empty[stage], 32);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int chunks = kRequests * kPages / args.chunk_tiles;
+    int chunk = atomicAdd(args.work_counter, 1);
+    int next = chunk < chunks ? atomicAdd(args.work_counter, 1) : chunks;
+    for (int tile = 0, within = 0;; ++tile) {
+      const int stage = tile % args.stages;
+      if (tile >= args.stages) sm90::mbarrier_wait(&empty[stage], (tile / args.stages - 1) % 2);
+      if (chunk >= chunks) {
+        stage_tile[stage] = -1;
+        sm90::mbarrier_arrive(&full[stage]);
+        break;
+      }
+      const int global_tile = chunk * args.chunk_tiles + within;
+      stage_tile[stage] = global_tile;
+      const int page = args.block_table[global_tile];  // [request][kPages]: request = global_tile / kPages
+      uint8_t* destination = stages + stage * args.stage_bytes;
+      sm90::mbarrier_arrive_expect_bytes(&full[stage], uint32_t(args.boxes * args.box_bytes * kPageTokens));
+      for (int box = 0; box < args.boxes; ++box) {
+        sm90::tma_load_box(destination + box * args.box_bytes * kPageTokens, &map, box * args.box_bytes / (args.row_bytes / kDims),
+                           0, page, &full[stage]);
+      }
+      if (++within == args.chunk_tiles) {
+        within = 0;
+        chunk = next;
+        if (next < chunks) next = atomicAdd(args.work_counter, 1);
+      }
+    }
+  }
+  if (threadIdx.x >= 32) {
+    unsigned checksum = 0;
+    for (int tile = 0;; ++tile) {
+      const int stage = tile % args.stages;
+      sm90::mbarrier_wait(&full[stage], (tile / args.stages) % 2);
+      if (stage_tile[stage] < 0) break;
+      checksum += reinterpret_cast<const unsigned*>(stages + stage * args.stage_bytes)[threadIdx.x];
+      for (const long long start = clock64(); clock64() - start < args.hold_cycles;) {
+      }
+      __syncwarp();
+      sm90::mbarrier_arrive(&empty[stage]);
+    }
+    if (threadIdx.x == 32) {
+      atomicAdd(&args.checksum[blockIdx.x % kRequests], checksum);
+      args.spans[2 * blockIdx.x + 1] = global_nanoseconds();
+    }
+  }
+}
 
 CUtensorMap make_map(const uint8_t* cache, int element_bytes, int box_dims, int total_pages) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
@@ -160,7 +244,26 @@ CUtensorMap make_map(const uint8_t* cache, int element_bytes, int box_dims, int 
 
 }  // namespace
 
-int main() {
+// When the CTAs of one launch end (us after the first start), and how busy they kept the grid.
+void print_spans(const unsigned long long* device_spans, int ctas) {
+  std::vector<unsigned long long> spans(2 * ctas);
+  check(cudaMemcpy(spans.data(), device_spans, spans.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost), "spans");
+  unsigned long long first = ~0ull;
+  for (int cta = 0; cta < ctas; ++cta) first = std::min(first, spans[2 * cta]);
+  std::vector<double> ends;
+  double busy = 0;
+  for (int cta = 0; cta < ctas; ++cta) {
+    ends.push_back(double(spans[2 * cta + 1] - first) / 1e3);
+    busy += double(spans[2 * cta + 1] - spans[2 * cta]) / 1e3;
+  }
+  std::sort(ends.begin(), ends.end());
+  std::printf("      CTA ends (us): min %.1f p10 %.1f p50 %.1f p90 %.1f max %.1f; busy %.3f of CTAs x last end\n", ends[0],
+              ends[ends.size() / 10], ends[ends.size() / 2], ends[ends.size() * 9 / 10], ends.back(),
+              busy / (double(ctas) * ends.back()));
+}
+
+int main(int argc, char** argv) {
+  const bool schedules_only = argc > 1 && std::string(argv[1]) == "schedules";
   cudaDeviceProp properties{};
   check(cudaGetDeviceProperties(&properties, 0), "properties");
   std::printf("%s, %d SMs\n", properties.name, properties.multiProcessorCount);
@@ -188,13 +291,19 @@ int main() {
   std::printf("%-6s %-36s %7s %6s %6s %10s %10s %8s\n", "cache", "loader", "stages", "hold", "ahead", "us", "GB/s",
               "of copy");
 
+  int* work_counter = nullptr;
+  unsigned long long* spans = nullptr;
+  check(cudaMalloc(&work_counter, sizeof(int)), "counter");
+  check(cudaMalloc(&spans, 2 * 1024 * sizeof(unsigned long long)), "spans");
   for (int element_bytes : {1, 2}) {
+    if (schedules_only) break;
     const int row_bytes = kDims * element_bytes;
     const int box_dims = element_bytes == 1 ? 128 : 64;
     const CUtensorMap map = make_map(cache, element_bytes, box_dims, total_pages);
     const int64_t bytes = int64_t(total_pages) * kPageTokens * row_bytes;
     for (Loader loader : {Loader::kBoxes, Loader::kBoxesPrefetched, Loader::kPage, Loader::kRows}) {
-      StreamArgs args{cache, block_table, checksum, row_bytes, box_dims * element_bytes, (kDims + box_dims - 1) / box_dims, 0, 0, 0, 0};
+      StreamArgs args{cache, block_table, checksum, row_bytes, box_dims * element_bytes, (kDims + box_dims - 1) / box_dims, 0, 0, 0, 0,
+                      nullptr, 0, nullptr};
       const bool boxes = loader == Loader::kBoxes || loader == Loader::kBoxesPrefetched;
       args.stage_bytes = boxes ? args.boxes * args.box_bytes * kPageTokens
                          : loader == Loader::kPage ? kPageTokens * row_bytes
@@ -225,6 +334,51 @@ int main() {
           std::printf("%-6s %-36s %7d %6d %6d %10.1f %10.0f %8.3f\n", element_bytes == 1 ? "fp8" : "bf16",
                       name_of(loader), stages, hold, ahead, us, rate, rate / copy_rate);
         }
+      }
+    }
+  }
+
+  // Schedules: the boxes loader, one CTA per request against chunks claimed by one CTA per SM.
+  std::printf("\nschedules (boxes loader; counter zeroed before every launch, both schedules)\n");
+  std::printf("%-6s %-30s %7s %6s %6s %10s %10s %8s\n", "cache", "schedule", "stages", "hold", "chunk", "us", "GB/s",
+              "of copy");
+  for (int element_bytes : {2, 1}) {
+    const int row_bytes = kDims * element_bytes;
+    const int box_dims = element_bytes == 1 ? 128 : 64;
+    const CUtensorMap map = make_map(cache, element_bytes, box_dims, total_pages);
+    const int64_t bytes = int64_t(total_pages) * kPageTokens * row_bytes;
+    StreamArgs args{cache, block_table, checksum, row_bytes, box_dims * element_bytes, (kDims + box_dims - 1) / box_dims, 0, 0, 0, 0,
+                    work_counter, 1, spans};
+    args.stage_bytes = (args.boxes * args.box_bytes * kPageTokens + 1023) / 1024 * 1024;
+    // The kernels' stages: two of 72 KB (16-bit narrow), five of 36 KB (FP8 narrow at 16 rows);
+    // holds near their math a tile (D2 Hq 16 at the copy rate: ~4600 / ~2300 cycles a tile).
+    const int stages = element_bytes == 1 ? 5 : 2;
+    args.stages = stages;
+    const int shared = std::max(stages * args.stage_bytes, 116 * 1024);
+    for (int hold : {0, element_bytes == 1 ? 1500 : 3000}) {
+      args.hold_cycles = hold;
+      for (int chunk : {0, 2, 8, 32}) {  // 0: static
+        args.chunk_tiles = std::max(chunk, 1);
+        const int ctas = chunk == 0 ? kRequests : properties.multiProcessorCount;
+        auto launch = [&] {
+          check(cudaMemsetAsync(work_counter, 0, sizeof(int), stream), "counter");
+          if (chunk == 0) {
+            stream_kernel<Loader::kBoxes><<<ctas, kThreads, shared, stream>>>(map, args);
+          } else {
+            dynamic_stream_kernel<<<ctas, kThreads, shared, stream>>>(map, args);
+          }
+        };
+        check(cudaFuncSetAttribute(stream_kernel<Loader::kBoxes>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
+        check(cudaFuncSetAttribute(dynamic_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
+        const float us = median_us(stream, 2, 10, launch);
+        check(cudaGetLastError(), "launch");
+        const double rate = double(bytes) / (us * 1e3);
+        std::printf("%-6s %-30s %7d %6d %6d %10.1f %10.0f %8.3f\n", element_bytes == 1 ? "fp8" : "bf16",
+                    chunk == 0 ? "static (CTA per request)" : "dynamic (CTA per SM)", stages, hold, chunk, us, rate,
+                    rate / copy_rate);
+        launch();
+        check(cudaStreamSynchronize(stream), "spans launch");
+        print_spans(spans, ctas);
       }
     }
   }
