@@ -242,8 +242,6 @@ CUtensorMap make_map(const uint8_t* cache, int element_bytes, int box_dims, int 
   return map;
 }
 
-}  // namespace
-
 // When the CTAs of one launch end (us after the first start), and how busy they kept the grid.
 void print_spans(const unsigned long long* device_spans, int ctas) {
   std::vector<unsigned long long> spans(2 * ctas);
@@ -261,6 +259,8 @@ void print_spans(const unsigned long long* device_spans, int ctas) {
               ends[ends.size() / 10], ends[ends.size() / 2], ends[ends.size() * 9 / 10], ends.back(),
               busy / (double(ctas) * ends.back()));
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const bool schedules_only = argc > 1 && std::string(argv[1]) == "schedules";
