@@ -85,19 +85,45 @@ __device__ __forceinline__ void prefetch_to_l2(const void* source, uint32_t byte
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(source), "r"(bytes) : "memory");
 }
 
+// Thread 0: the stages' barriers (one producer arrival + bytes; the consumer warp) and, when
+// args.spans is given, the CTA's start. The caller synchronises the CTA afterwards.
+__device__ __forceinline__ void init_stages(uint64_t* full, uint64_t* empty, const StreamArgs& args) {
+  if (threadIdx.x != 0) return;
+  if (args.spans != nullptr) args.spans[2 * blockIdx.x] = global_nanoseconds();
+  for (int stage = 0; stage < args.stages; ++stage) {
+    sm90::mbarrier_init(&full[stage], 1);
+    sm90::mbarrier_init(&empty[stage], 32);
+  }
+  sm90::fence_barrier_init();
+}
+
+// The boxes of one page into `destination`, counted on `landed`.
+__device__ __forceinline__ void issue_boxes(const CUtensorMap* map, const StreamArgs& args, int page,
+                                            uint8_t* destination, uint64_t* landed) {
+  sm90::mbarrier_arrive_expect_bytes(landed, uint32_t(args.boxes * args.box_bytes * kPageTokens));
+  for (int box = 0; box < args.boxes; ++box) {
+    sm90::tma_load_box(destination + box * args.box_bytes * kPageTokens, map, box * args.box_bytes / (args.row_bytes / kDims),
+                       0, page, landed);
+  }
+}
+
+// The consumer warp's side of tile `tile` once it has landed: one word into the checksum, the
+// math's stand-in (args.hold_cycles), the stage released.
+__device__ __forceinline__ void consume_stage(const uint8_t* stage_bytes, uint64_t* empty, const StreamArgs& args,
+                                              unsigned& checksum) {
+  checksum += reinterpret_cast<const unsigned*>(stage_bytes)[threadIdx.x];
+  for (const long long start = clock64(); clock64() - start < args.hold_cycles;) {
+  }
+  __syncwarp();
+  sm90::mbarrier_arrive(empty);
+}
+
 template <Loader kLoader>
 __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_constant__ CUtensorMap map, StreamArgs args) {
   extern __shared__ __align__(1024) uint8_t stages[];
   __shared__ uint64_t full[8], empty[8];
   const int request = blockIdx.x;
-  if (threadIdx.x == 0) {
-    if (args.spans != nullptr) args.spans[2 * blockIdx.x] = global_nanoseconds();
-    for (int stage = 0; stage < args.stages; ++stage) {
-      sm90::mbarrier_init(&full[stage], 1);
-      sm90::mbarrier_init(&empty[stage], 32);
-    }
-    sm90::fence_barrier_init();
-  }
+  init_stages(full, empty, args);
   __syncthreads();
   const int* table = args.block_table + request * kPages;
   if (threadIdx.x == 0) {
@@ -119,11 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
         }
       }
       if constexpr (kLoader == Loader::kBoxes || kLoader == Loader::kBoxesPrefetched) {
-        sm90::mbarrier_arrive_expect_bytes(&full[stage], uint32_t(args.boxes * args.box_bytes * kPageTokens));
-        for (int box = 0; box < args.boxes; ++box) {
-          sm90::tma_load_box(destination + box * args.box_bytes * kPageTokens, &map, box * args.box_bytes / (args.row_bytes / kDims),
-                             0, page, &full[stage]);
-        }
+        issue_boxes(&map, args, page, destination, &full[stage]);
       } else if constexpr (kLoader == Loader::kPage) {
         sm90::mbarrier_arrive_expect_bytes(&full[stage], uint32_t(kPageTokens * args.row_bytes));
         bulk_copy(destination, args.cache + int64_t(page) * kPageTokens * args.row_bytes, kPageTokens * args.row_bytes,
@@ -142,11 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
     for (int tile = 0; tile < kPages; ++tile) {
       const int stage = tile % args.stages;
       sm90::mbarrier_wait(&full[stage], (tile / args.stages) % 2);
-      checksum += reinterpret_cast<const unsigned*>(stages + stage * args.stage_bytes)[threadIdx.x];
-      for (const long long start = clock64(); clock64() - start < args.hold_cycles;) {
-      }
-      __syncwarp();
-      sm90::mbarrier_arrive(&empty[stage]);
+      consume_stage(stages + stage * args.stage_bytes, &empty[stage], args, checksum);
     }
     if (threadIdx.x == 32) {
       args.checksum[request] = checksum;
@@ -155,8 +173,6 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
   }
 }
 
-
-
 // The boxes loader over claimed chunks (the dynamic schedule). Stage slot `stage_tile` carries the
 // tile's global index, -1 once the counter ran out (the producer then completes the stage's full
 // barrier without bytes, so the consumer learns the end from the stage it waits for anyway).
@@ -164,14 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_stream_kernel(const __gri
   extern __shared__ __align__(1024) uint8_t stages[];
   __shared__ uint64_t full[8], empty[8];
   __shared__ int stage_tile[8];
-  if (threadIdx.x == 0) {
-    args.spans[2 * blockIdx.x] = global_nanoseconds();
-    for (int stage = 0; stage < args.stages; ++stage) {
-      sm90::mbarrier_init(&full[stage], 1);
-      sm90::mbarrier_init(&empty[stage], 32);
-    }
-    sm90::fence_barrier_init();
-  }
+  init_stages(full, empty, args);
   __syncthreads();
   if (threadIdx.x == 0) {
     const int chunks = kRequests * kPages / args.chunk_tiles;
@@ -188,12 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_stream_kernel(const __gri
       const int global_tile = chunk * args.chunk_tiles + within;
       stage_tile[stage] = global_tile;
       const int page = args.block_table[global_tile];  // [request][kPages]: request = global_tile / kPages
-      uint8_t* destination = stages + stage * args.stage_bytes;
-      sm90::mbarrier_arrive_expect_bytes(&full[stage], uint32_t(args.boxes * args.box_bytes * kPageTokens));
-      for (int box = 0; box < args.boxes; ++box) {
-        sm90::tma_load_box(destination + box * args.box_bytes * kPageTokens, &map, box * args.box_bytes / (args.row_bytes / kDims),
-                           0, page, &full[stage]);
-      }
+      issue_boxes(&map, args, page, stages + stage * args.stage_bytes, &full[stage]);
       if (++within == args.chunk_tiles) {
         within = 0;
         chunk = next;
@@ -207,11 +211,7 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_stream_kernel(const __gri
       const int stage = tile % args.stages;
       sm90::mbarrier_wait(&full[stage], (tile / args.stages) % 2);
       if (stage_tile[stage] < 0) break;
-      checksum += reinterpret_cast<const unsigned*>(stages + stage * args.stage_bytes)[threadIdx.x];
-      for (const long long start = clock64(); clock64() - start < args.hold_cycles;) {
-      }
-      __syncwarp();
-      sm90::mbarrier_arrive(&empty[stage]);
+      consume_stage(stages + stage * args.stage_bytes, &empty[stage], args, checksum);
     }
     if (threadIdx.x == 32) {
       atomicAdd(&args.checksum[blockIdx.x % kRequests], checksum);

@@ -150,7 +150,7 @@ __device__ __forceinline__ void lazy_row_maxima(float (&tile_max)[kRows / 4], co
   }
 }
 
-// Second step: P^T = 2^(score - reference of the row) into the swizzled P^T rows (16-bit, kHalf:
+// Third step: P^T = 2^(score - reference of the row) into the swizzled P^T rows (16-bit, kHalf:
 // fp16, else bf16), each added to this thread's row sums. A thread's elements 4 j + 2 h + e are
 // (key 16 warp + lane / 4 + 8 h, query row 8 j + 2 (lane % 4) + e): per (j, h) an 8 x 8 matrix
 // of keys x query rows in the mma fragment layout, which stmatrix.trans stores as query rows of 8
