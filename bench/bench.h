@@ -43,6 +43,15 @@ struct Ceilings {
   double fp8_gemm_tflops = NAN;
 };
 
+// What was measured of one case: its time, and in steady state (steady_state) its energy where
+// the GPU reports it. NaN: not measured.
+struct Measurement {
+  double time_us = NAN;    // per call
+  double energy_mj = NAN;  // per call
+  double power_w = NAN;    // the GPU's mean power meanwhile
+  double sm_clock_mhz = NAN;  // the SM clock's mean, sampled as the energy
+};
+
 // One row of the table and of the JSON "results". NaN means "not known" (JSON null).
 struct Result {
   std::string op, name, dtype;
@@ -52,10 +61,13 @@ struct Result {
   double frac_copy = NAN;
   double frac_bf16_gemm = NAN;
   double frac_fp8_gemm = NAN;
+  double energy_mj = NAN;  // per call, in steady state (--sustain) where the GPU reports energy
+  double power_w = NAN;    // the GPU's mean power over that run
+  double sm_clock_mhz = NAN;  // and its mean SM clock
 };
 
-// Rates and fractions of a case that took time_us.
-Result make_result(const Case& bench_case, double time_us, const Ceilings& ceilings);
+// Rates and fractions of a case measured so.
+Result make_result(const Case& bench_case, const Measurement& measured, const Ceilings& ceilings);
 
 // The CPU reference path (no GPU, or a CPU-only build): a small dense decode and one KV-cache
 // utility on host tensors, timed on the host, with a checksum printed.
@@ -76,10 +88,15 @@ void add_dense_decode_cases(std::vector<Case>& cases);
 // rotated call after call.
 double median_time_us(const Launcher& launcher, int repetitions, Stream stream);
 
-// Steady-state time of one call in microseconds: calls (or graph replays) back to back for
-// `seconds`, total time over the calls. After ~50 ms a GPU under heavy load sits at its power
-// limit, as a serving GPU does; the median above describes the first milliseconds.
-double steady_state_time_us(const Launcher& launcher, double seconds, Stream stream);
+class EnergyCounter;
+
+// Steady state of one call: calls (or graph replays) back to back for `seconds`, total time
+// over the calls. After ~50 ms a GPU under heavy load sits at its power limit, as a serving GPU
+// does; the median above describes the first milliseconds. With a counter that is available,
+// also the energy per call and the mean power, between the first and the last step of the
+// counter seen during the run (it advances in steps of ~100 ms), and the mean SM clock over the
+// same synchronisations.
+Measurement steady_state(const Launcher& launcher, double seconds, Stream stream, const EnergyCounter& energy);
 
 // How many input copies keep a rotation of `bytes_per_copy` out of the L2 cache: enough to
 // span several times the L2 of the current device, at least 2, but never more than fit in a

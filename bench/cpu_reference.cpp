@@ -94,7 +94,7 @@ Result dense_decode_case(std::mt19937_64& rng) {
   described.flops = 2.0 * kBatch * kQueryTokens * kHeads * kSeqLen * (kHeadDim + kLatentDim);
   std::printf("%s %s %s: %.3f ms, checksum %.6e\n", described.op.c_str(), described.name.c_str(),
               described.dtype.c_str(), elapsed_us * 1e-3, out.bf16_sum());
-  return make_result(described, elapsed_us, Ceilings{});
+  return make_result(described, Measurement{elapsed_us}, Ceilings{});
 }
 
 Result write_kv_cache_case(std::mt19937_64& rng) {
@@ -126,7 +126,7 @@ Result write_kv_cache_case(std::mt19937_64& rng) {
   described.bytes = double(kTokens * (kHeadDim * 2 + 4 + kHeadDim * 2));
   std::printf("%s %s %s: %.3f ms, checksum %.6e\n", described.op.c_str(), described.name.c_str(),
               described.dtype.c_str(), elapsed_us * 1e-3, cache.bf16_sum());
-  return make_result(described, elapsed_us, Ceilings{});
+  return make_result(described, Measurement{elapsed_us}, Ceilings{});
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #if OPENMLA_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "energy.h"
 #include "kernels/cuda_check.h"
 #endif
 
@@ -40,7 +41,10 @@ options:
   --sustain SECONDS
                    steady state instead: every case, the ceilings included, runs back to
                    back for SECONDS and the mean time per call is reported (a GPU under
-                   load for more than ~50 ms runs at its power limit, as in serving)
+                   load for more than ~50 ms runs at its power limit, as in serving), with
+                   the energy per call and the mean power where the driver's NVML reports
+                   them, and the mean SM clock (SECONDS >= 1: its energy counter advances
+                   in steps)
   --json PATH      write the results as JSON to PATH
   --plot PREFIX    write PNG bar charts PREFIX_<op>.png (fraction of ceiling per case)
                    with bench/plot.py; the JSON goes to PREFIX.json unless --json is given
@@ -162,17 +166,30 @@ bool run_gpu(const Options& options, RunInfo& info, Ceilings& ceilings,
   const int total = int(ceiling_list.size() + cases.size());
   int step = 0;
   bool all_ran = true;
-  // Median time of one case in us, or NaN when it has no GPU kernel yet or failed.
+  const EnergyCounter energy(0);
+  if (options.sustain_seconds > 0 && !energy.available()) {
+    std::fprintf(stderr, "openmla-bench: no energy counter (NVML) for this GPU: no energy per call\n");
+  }
+  // Time of one case in us (median, or steady state with its energy), time NaN when it has no
+  // GPU kernel yet or failed.
   auto measure = [&](const Case& bench_case) {
     std::fprintf(stderr, "[%d/%d] %s %s %s ...", ++step, total, bench_case.op.c_str(),
                  bench_case.dtype.c_str(), bench_case.name.c_str());
     try {
       const Launcher launcher = bench_case.prepare();
-      const double time_us = options.sustain_seconds > 0
-                                 ? steady_state_time_us(launcher, options.sustain_seconds, stream)
-                                 : median_time_us(launcher, repetitions, stream);
-      std::fprintf(stderr, " %.2f us\n", time_us);
-      return time_us;
+      Measurement measured;
+      if (options.sustain_seconds > 0) {
+        measured = steady_state(launcher, options.sustain_seconds, stream, energy);
+      } else {
+        measured.time_us = median_time_us(launcher, repetitions, stream);
+      }
+      std::fprintf(stderr, " %.2f us", measured.time_us);
+      if (std::isfinite(measured.energy_mj)) {
+        std::fprintf(stderr, ", %.3f mJ, %.0f W, SM %.0f MHz", measured.energy_mj, measured.power_w,
+                     measured.sm_clock_mhz);
+      }
+      std::fprintf(stderr, "\n");
+      return measured;
     } catch (const Error& error) {
       const bool missing_kernel = error.kind() == ErrorKind::kNotImplemented;
       std::fprintf(stderr, " %s: %s\n", missing_kernel ? "skipped" : "FAILED", error.what());
@@ -181,13 +198,12 @@ bool run_gpu(const Options& options, RunInfo& info, Ceilings& ceilings,
       std::fprintf(stderr, " FAILED: %s\n", error.what());
       all_ran = false;
     }
-    return double(NAN);
+    return Measurement{};
   };
 
   const Ceilings unknown;
   ceilings.copy_gbps = make_result(ceiling_list[0], measure(ceiling_list[0]), unknown).gbps;
-  ceilings.bf16_gemm_tflops =
-      make_result(ceiling_list[1], measure(ceiling_list[1]), unknown).tflops;
+  ceilings.bf16_gemm_tflops = make_result(ceiling_list[1], measure(ceiling_list[1]), unknown).tflops;
   ceilings.fp8_gemm_tflops = make_result(ceiling_list[2], measure(ceiling_list[2]), unknown).tflops;
   std::printf("%s, driver %s, CUDA %s, commit %s\n", info.gpu.c_str(), info.driver.c_str(),
               info.cuda.c_str(), info.commit.c_str());
@@ -195,8 +211,8 @@ bool run_gpu(const Options& options, RunInfo& info, Ceilings& ceilings,
               ceilings.copy_gbps, ceilings.bf16_gemm_tflops, ceilings.fp8_gemm_tflops);
 
   for (const Case& bench_case : cases) {
-    const double time_us = measure(bench_case);
-    if (std::isfinite(time_us)) results.push_back(make_result(bench_case, time_us, ceilings));
+    const Measurement measured = measure(bench_case);
+    if (std::isfinite(measured.time_us)) results.push_back(make_result(bench_case, measured, ceilings));
   }
   cudaStreamDestroy(stream);
   return all_ran && std::isfinite(ceilings.copy_gbps) &&

@@ -15,7 +15,8 @@
 
 namespace openmla::bench {
 
-Result make_result(const Case& bench_case, double time_us, const Ceilings& ceilings) {
+Result make_result(const Case& bench_case, const Measurement& measured, const Ceilings& ceilings) {
+  const double time_us = measured.time_us;
   Result result;
   result.op = bench_case.op;
   result.name = bench_case.name;
@@ -26,6 +27,9 @@ Result make_result(const Case& bench_case, double time_us, const Ceilings& ceili
   result.frac_copy = result.gbps / ceilings.copy_gbps;
   result.frac_bf16_gemm = result.tflops / ceilings.bf16_gemm_tflops;
   result.frac_fp8_gemm = result.tflops / ceilings.fp8_gemm_tflops;
+  result.energy_mj = measured.energy_mj;
+  result.power_w = measured.power_w;
+  result.sm_clock_mhz = measured.sm_clock_mhz;
   return result;
 }
 
@@ -58,20 +62,28 @@ std::string cell(double value, const char* format) {
 
 void print_table(const std::vector<Result>& results) {
   size_t op_width = 2, name_width = 4, dtype_width = 5;
+  bool energy = false;  // the energy columns only where a steady-state run measured some
   for (const Result& r : results) {
     op_width = std::max(op_width, r.op.size());
     name_width = std::max(name_width, r.name.size());
     dtype_width = std::max(dtype_width, r.dtype.size());
+    energy = energy || std::isfinite(r.energy_mj);
   }
   const int ow = int(op_width), nw = int(name_width), dw = int(dtype_width);
-  std::printf("%-*s  %-*s  %-*s  %10s  %8s  %7s  %9s  %9s  %8s\n", ow, "op", nw, "case", dw,
-              "dtype", "time_us", "GB/s", "TFLOPS", "frac_copy", "frac_bf16", "frac_fp8");
+  std::printf("%-*s  %-*s  %-*s  %10s  %8s  %7s  %9s  %9s  %8s", ow, "op", nw, "case", dw, "dtype", "time_us",
+              "GB/s", "TFLOPS", "frac_copy", "frac_bf16", "frac_fp8");
+  if (energy) std::printf("  %9s  %6s  %7s", "mJ/call", "W", "SM_MHz");
+  std::printf("\n");
   for (const Result& r : results) {
-    std::printf("%-*s  %-*s  %-*s  %10s  %8s  %7s  %9s  %9s  %8s\n", ow, r.op.c_str(), nw,
-                r.name.c_str(), dw, r.dtype.c_str(), cell(r.time_us, "%.2f").c_str(),
-                cell(r.gbps, "%.0f").c_str(), cell(r.tflops, "%.1f").c_str(),
-                cell(r.frac_copy, "%.3f").c_str(), cell(r.frac_bf16_gemm, "%.3f").c_str(),
-                cell(r.frac_fp8_gemm, "%.3f").c_str());
+    std::printf("%-*s  %-*s  %-*s  %10s  %8s  %7s  %9s  %9s  %8s", ow, r.op.c_str(), nw, r.name.c_str(), dw,
+                r.dtype.c_str(), cell(r.time_us, "%.2f").c_str(), cell(r.gbps, "%.0f").c_str(),
+                cell(r.tflops, "%.1f").c_str(), cell(r.frac_copy, "%.3f").c_str(),
+                cell(r.frac_bf16_gemm, "%.3f").c_str(), cell(r.frac_fp8_gemm, "%.3f").c_str());
+    if (energy) {
+      std::printf("  %9s  %6s  %7s", cell(r.energy_mj, "%.2f").c_str(), cell(r.power_w, "%.0f").c_str(),
+                  cell(r.sm_clock_mhz, "%.0f").c_str());
+    }
+    std::printf("\n");
   }
 }
 
@@ -103,6 +115,9 @@ std::string results_json(const RunInfo& info, const Ceilings& ceilings,
         .field("frac_copy", r.frac_copy)
         .field("frac_bf16_gemm", r.frac_bf16_gemm)
         .field("frac_fp8_gemm", r.frac_fp8_gemm)
+        .field("energy_mj", r.energy_mj)
+        .field("power_w", r.power_w)
+        .field("sm_clock_mhz", r.sm_clock_mhz)
         .end_object();
   }
   json.end_array().end_object();

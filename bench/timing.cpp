@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "energy.h"
 #include "kernels/cuda_check.h"
 
 namespace openmla::bench {
@@ -119,7 +120,7 @@ double median_time_us(const Launcher& launcher, int repetitions, Stream stream) 
   return replay_us / launcher.graph_calls;
 }
 
-double steady_state_time_us(const Launcher& launcher, double seconds, Stream stream) {
+Measurement steady_state(const Launcher& launcher, double seconds, Stream stream, const EnergyCounter& energy) {
   cudaStream_t cuda_stream = as_cuda_stream(stream);
   const size_t copies = size_t(launcher.copies);
   cudaGraphExec_t executable = launcher.graph_calls > 0 ? capture_calls(launcher, stream) : nullptr;
@@ -136,16 +137,65 @@ double steady_state_time_us(const Launcher& launcher, double seconds, Stream str
   check_cuda(cudaEventCreate(&stop), kOp, "cudaEventCreate");
   check_cuda(cudaEventRecord(start, cuda_stream), kOp, "cudaEventRecord");
   const auto begin = std::chrono::steady_clock::now();
+  auto seconds_since_begin = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  };
   size_t calls = 0;
-  // Synchronise every 32 calls to read the host clock: the queue runs dry for the host's round
-  // trip (~10-20 us) once per 32 calls, < 0.5% for calls of >= 100 us (the latency-bound cases
-  // replay a graph of many calls as one call here).
-  for (;;) {
-    for (int i = 0; i < 32; ++i, ++calls) call(calls);
-    check_cuda(cudaStreamSynchronize(cuda_stream), kOp, "steady-state calls");
-    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - begin;
-    if (elapsed.count() >= seconds) break;
+  auto issue = [&](size_t count) {
+    for (size_t i = 0; i < count; ++i, ++calls) call(calls);
+  };
+  // The calls go out in batches of >= kBatchSeconds, each followed by an event, and the host
+  // waits for batch k only once batch k + 1 is queued: so the GPU never runs dry while the host
+  // reads the clock or NVML (one read takes milliseconds: read after a full synchronisation per
+  // 32 calls, they left the GPU idle for 40-50% of D2's steady state and 2x its D4 time). The
+  // first 32 calls size the batches.
+  constexpr double kBatchSeconds = 0.025;
+  issue(32);
+  check_cuda(cudaStreamSynchronize(cuda_stream), kOp, "steady-state calls");
+  const size_t batch_calls =
+      std::max<size_t>(32, size_t(std::ceil(32 * kBatchSeconds / std::max(seconds_since_begin(), 1e-6))));
+  // The energy counter's first and last steps seen (read as each batch completes): the calls
+  // completed and the host time at each (a step read while the next batch runs: within a read's
+  // few milliseconds of energy at each end of runs of a second or more).
+  struct Step {
+    double millijoules = NAN;
+    size_t calls = 0;
+    double seconds = 0;
+  };
+  Step first_step, last_step;
+  double counter = energy.millijoules();
+  double clock_sum = 0;  // SM clock samples (MHz) from the first step on
+  int clock_samples = 0;
+  cudaEvent_t batch_done[2] = {};
+  size_t calls_after[2] = {};
+  for (cudaEvent_t& event : batch_done) {
+    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), kOp, "cudaEventCreate");
   }
+  issue(batch_calls);
+  check_cuda(cudaEventRecord(batch_done[0], cuda_stream), kOp, "cudaEventRecord");
+  calls_after[0] = calls;
+  for (int batch = 0;; ++batch) {
+    const int next = (batch + 1) % 2;
+    issue(batch_calls);
+    check_cuda(cudaEventRecord(batch_done[next], cuda_stream), kOp, "cudaEventRecord");
+    calls_after[next] = calls;
+    check_cuda(cudaEventSynchronize(batch_done[batch % 2]), kOp, "steady-state calls");
+    const double elapsed = seconds_since_begin();
+    const double now = energy.millijoules();
+    if (now != counter && std::isfinite(now)) {
+      const Step step{now, calls_after[batch % 2], elapsed};
+      if (!std::isfinite(first_step.millijoules)) first_step = step;
+      last_step = step;
+      counter = now;
+    }
+    const double clock = energy.sm_clock_mhz();
+    if (std::isfinite(first_step.millijoules) && std::isfinite(clock)) {
+      clock_sum += clock;
+      ++clock_samples;
+    }
+    if (elapsed >= seconds) break;
+  }
+  for (cudaEvent_t event : batch_done) cudaEventDestroy(event);
   check_cuda(cudaEventRecord(stop, cuda_stream), kOp, "cudaEventRecord");
   check_cuda(cudaEventSynchronize(stop), kOp, "cudaEventSynchronize");
   float ms = 0;
@@ -153,8 +203,16 @@ double steady_state_time_us(const Launcher& launcher, double seconds, Stream str
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   if (executable) cudaGraphExecDestroy(executable);
-  const double per_call_us = double(ms) * 1e3 / double(calls);
-  return executable ? per_call_us / launcher.graph_calls : per_call_us;
+  const double per_replay = executable ? double(launcher.graph_calls) : 1.0;  // op calls per call()
+  Measurement result;
+  result.time_us = double(ms) * 1e3 / double(calls) / per_replay;
+  if (last_step.calls > first_step.calls) {
+    const double millijoules = last_step.millijoules - first_step.millijoules;
+    result.energy_mj = millijoules / double(last_step.calls - first_step.calls) / per_replay;
+    result.power_w = millijoules * 1e-3 / (last_step.seconds - first_step.seconds);
+  }
+  if (clock_samples > 0) result.sm_clock_mhz = clock_sum / clock_samples;
+  return result;
 }
 
 int rotation_copies(double bytes_per_copy) {
