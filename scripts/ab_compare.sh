@@ -13,6 +13,9 @@
 # --filter LIST (a baseline older than c8d5e78 takes a single substring, no commas).
 # GTEST_FILTER (default: the dense-decode GPU tests; "-" skips the tests). AB_TEST_TIMEOUT and
 # AB_BENCH_TIMEOUT (seconds, default 300 each) bound the test run and each benchmark run.
+# AB_SUSTAIN=SECONDS runs the benchmark in steady state (--sustain SECONDS, >= 1) instead of
+# --quick, and the table then also compares the energy per call (NVML), the measure of a change
+# in work that the power-capped clock does not blur (perf log, session 36).
 # Output: $OUT/ab.txt (the table), $OUT/ab-log.txt (builds and raw benchmark output).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +40,9 @@ for tree in "${others[@]}"; do
 done
 sides+=(new)
 
+mode=(--quick)
+[ -n "${AB_SUSTAIN:-}" ] && mode=(--sustain "$AB_SUSTAIN")
+
 status=0
 if [ "$tests" != "-" ]; then
   # A kernel that hangs must not spend the whole device call; nor is a failing tree benchmarked.
@@ -49,39 +55,49 @@ for round in $(seq "$rounds"); do
   for side in "${sides[@]}"; do
     echo "== round $round $side" >>"$log"
     # Each case's progress line on stderr: "[i/n] op dtype case ... T us".
-    timeout "${AB_BENCH_TIMEOUT:-300}" "build-ab-$side/bench/openmla-bench" --quick --filter "$filter" 2>/tmp/ab-progress.txt >>"$log" || {
+    # (steady state: "... T us, E mJ, P W, SM C MHz")
+    timeout "${AB_BENCH_TIMEOUT:-300}" "build-ab-$side/bench/openmla-bench" "${mode[@]}" --filter "$filter" 2>/tmp/ab-progress.txt >>"$log" || {
       echo "benchmark run failed: $side, round $round (see ab-log.txt)"; status=1; }
     cat /tmp/ab-progress.txt >>"$log"
-    grep ' us$' /tmp/ab-progress.txt | sed "s/^/$side\t$round\t/" >>"$out/ab-raw.txt"
+    grep -E ' us(,|$)' /tmp/ab-progress.txt | sed "s/^/$side\t$round\t/" >>"$out/ab-raw.txt"
   done
 done
 
-# One line per case: every tree's times of every round, and each tree's best over the first tree's.
+# One line per case: every tree's times of every round, and each tree's best over the first tree's;
+# in steady state the same for the energy per call.
 python3 - "$out/ab-raw.txt" "${sides[@]}" >"$out/ab.txt" <<'EOF'
 import re, sys, collections
 sides = sys.argv[2:]
-times = collections.defaultdict(lambda: collections.defaultdict(list))
+measures = {"us": collections.defaultdict(lambda: collections.defaultdict(list)),
+            "mJ": collections.defaultdict(lambda: collections.defaultdict(list))}
 order = []
 for line in open(sys.argv[1]):
     side, _, text = line.rstrip("\n").split("\t", 2)
-    match = re.match(r"\[\d+/\d+\] (.*) \.\.\. ([0-9.]+) us", text)
+    match = re.match(r"\[\d+/\d+\] (.*) \.\.\. ([0-9.]+) us(?:, ([0-9.]+) mJ)?", text)
     if not match:
         continue
     name = match.group(1)
-    if name not in times:
+    if name not in measures["us"]:
         order.append(name)
-    times[name][side].append(float(match.group(2)))
+    measures["us"][name][side].append(float(match.group(2)))
+    if match.group(3):
+        measures["mJ"][name][side].append(float(match.group(3)))
 first = sides[0]
-header = f"{'case':52s}" + "".join(f" {side + ' us':>20s}" for side in sides)
-header += "".join(f" {side + '/' + first:>12s}" for side in sides[1:])
-print(header)
-for name in order:
-    fmt = lambda values: " ".join(f"{v:.1f}" for v in values)
-    row = f"{name[:52]:52s}" + "".join(f" {fmt(times[name][side]):>20s}" for side in sides)
-    for side in sides[1:]:
-        a, b = times[name][side], times[name][first]
-        row += f" {min(a) / min(b) if a and b else float('nan'):12.3f}"
-    print(row)
+for unit, values in measures.items():
+    if not values:
+        continue
+    header = f"{'case':52s}" + "".join(f" {side + ' ' + unit:>20s}" for side in sides)
+    header += "".join(f" {side + '/' + first:>12s}" for side in sides[1:])
+    print(header)
+    for name in order:
+        digits = 1 if unit == "us" else 2
+        fmt = lambda numbers: " ".join(f"{v:.{digits}f}" for v in numbers)
+        row = f"{name[:52]:52s}" + "".join(f" {fmt(values[name][side]):>20s}" for side in sides)
+        for side in sides[1:]:
+            a, b = values[name][side], values[name][first]
+            row += f" {min(a) / min(b) if a and b else float('nan'):12.3f}"
+        print(row)
+    print()
 EOF
 cat "$out/ab.txt"
 exit $status
