@@ -52,18 +52,15 @@ struct Measurement {
   double sm_clock_mhz = NAN;  // the SM clock's mean, sampled as the energy
 };
 
-// One row of the table and of the JSON "results". NaN means "not known" (JSON null).
-struct Result {
+// One row of the table and of the JSON "results": what was measured, and the rates and
+// fractions derived from it. NaN means "not known" (JSON null).
+struct Result : Measurement {
   std::string op, name, dtype;
-  double time_us = NAN;
   double gbps = NAN;
   double tflops = NAN;
   double frac_copy = NAN;
   double frac_bf16_gemm = NAN;
   double frac_fp8_gemm = NAN;
-  double energy_mj = NAN;  // per call, in steady state (--sustain) where the GPU reports energy
-  double power_w = NAN;    // the GPU's mean power over that run
-  double sm_clock_mhz = NAN;  // and its mean SM clock
 };
 
 // Rates and fractions of a case measured so.

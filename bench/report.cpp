@@ -18,18 +18,15 @@ namespace openmla::bench {
 Result make_result(const Case& bench_case, const Measurement& measured, const Ceilings& ceilings) {
   const double time_us = measured.time_us;
   Result result;
+  static_cast<Measurement&>(result) = measured;
   result.op = bench_case.op;
   result.name = bench_case.name;
   result.dtype = bench_case.dtype;
-  result.time_us = time_us;
   result.gbps = bench_case.bytes / (time_us * 1e-6) / 1e9;
   result.tflops = bench_case.flops / (time_us * 1e-6) / 1e12;
   result.frac_copy = result.gbps / ceilings.copy_gbps;
   result.frac_bf16_gemm = result.tflops / ceilings.bf16_gemm_tflops;
   result.frac_fp8_gemm = result.tflops / ceilings.fp8_gemm_tflops;
-  result.energy_mj = measured.energy_mj;
-  result.power_w = measured.power_w;
-  result.sm_clock_mhz = measured.sm_clock_mhz;
   return result;
 }
 
