@@ -1,5 +1,6 @@
 // openmla-bench: dense MLA decode (include/openmla/dense_decode.h), PERF.md cases D1-D5 with a
-// page size of 64, each with a BF16 cache ("bf16"), an FP8 cache read by a BF16 query ("fp8"),
+// page size of 64, and a few of them again with the other page sizes the op takes (named
+// "D2 page=16 Hq=16 B=128": engines run pages of 16 to 256 tokens), each with a BF16 cache ("bf16"), an FP8 cache read by a BF16 query ("fp8"),
 // and an FP8 cache read by an FP8 query ("fp8-qkv": e4m3 tensor cores; FlashMLA's FP8 form).
 //
 // Bytes: every byte the op must read once (Q, the live KV rows = sum of seq_lens x 576
@@ -24,7 +25,7 @@ namespace openmla::bench {
 
 namespace {
 
-constexpr int64_t kPageSize = 64;
+constexpr int64_t kPageSize = 64;  // PERF.md's cases
 constexpr int kGraphCalls = 20;  // calls per captured graph for the latency-bound cases
 constexpr uint64_t kVarlenSeed = 20240611;  // D3's lengths: the same in every run
 // FP8 values stored over [-8, 8) with a scale of 1/8: real values in [-1, 1) like the BF16
@@ -49,15 +50,16 @@ struct DecodeShape {
   std::vector<int32_t> lengths;  // seq_lens, one per request (B = lengths.size())
   bool graph_replay = false;
   bool pdl = false;  // DenseDecodeParams::enable_pdl
+  int64_t page_size = kPageSize;
 };
-
-int64_t pages_of(int64_t length) { return (length + kPageSize - 1) / kPageSize; }
 
 Case dense_decode_case(const DecodeShape& shape, Format format) {
   const int64_t batch = int64_t(shape.lengths.size());
   const int64_t rows = batch * shape.query_tokens * shape.heads;  // (request, token, head)
   const double q_bytes = format == Format::kFp8QueryAndCache ? 1 : 2;
   const double kv_bytes = format == Format::kBf16 ? 2 : 1;
+  const int64_t page_size = shape.page_size;
+  auto pages_of = [page_size](int64_t length) { return (length + page_size - 1) / page_size; };
   int64_t max_pages = 0, total_pages = 0;
   double keys = 0, attended_pairs = 0;
   for (int32_t length : shape.lengths) {
@@ -76,7 +78,7 @@ Case dense_decode_case(const DecodeShape& shape, Format format) {
   decode.bytes = rows * kHeadDim * q_bytes + keys * kHeadDim * kv_bytes +
                  (total_pages + batch) * 4.0 + rows * (kLatentDim * 2.0 + 4.0);
   decode.flops = 2.0 * shape.heads * attended_pairs * (kHeadDim + kLatentDim);
-  decode.prepare = [shape, format, batch, max_pages, total_pages, bytes = decode.bytes] {
+  decode.prepare = [shape, format, batch, max_pages, total_pages, pages_of, bytes = decode.bytes] {
     auto make = [&](int copy) {
       OwnedParams<DenseDecodeParams> in(copy);
       DenseDecodeParams& params = in.params;
@@ -97,7 +99,7 @@ Case dense_decode_case(const DecodeShape& shape, Format format) {
                            {batch, shape.query_tokens, shape.heads, kHeadDim}, -query_range,
                            query_range);
       params.kv_cache = in.random(format == Format::kBf16 ? DType::kBFloat16 : DType::kFloat8E4M3,
-                                  {total_pages, kPageSize, kHeadDim}, -cache_range, cache_range);
+                                  {total_pages, shape.page_size, kHeadDim}, -cache_range, cache_range);
       params.q_descale = 1.0f / query_range;
       params.kv_scale = 1.0f / cache_range;
       params.block_table = in.upload(block_table, {batch, max_pages});
@@ -157,6 +159,25 @@ void add_dense_decode_cases(std::vector<Case>& cases) {
 
   for (Format format : {Format::kBf16, Format::kFp8Cache, Format::kFp8QueryAndCache}) {
     for (const DecodeShape& shape : shapes) cases.push_back(dense_decode_case(shape, format));
+  }
+
+  // The other page sizes on one case of each kernel: the narrow kernels (D2 Hq16), the 64-row
+  // kernel streaming (D2 Hq64) and compute-bound (D1 Hq128 B4), and the latency chain (D4 B1).
+  // A page below 64 tokens takes 64 / page boxes per 64-dim block of a tile, one above it
+  // several tiles.
+  std::vector<DecodeShape> paged;
+  for (int64_t page_size : {16, 32, 128, 256}) {
+    const std::string page = " page=" + std::to_string(page_size);
+    for (DecodeShape shape : {uniform_shape("D2", 128, 1, 16, 8192), uniform_shape("D2", 128, 1, 64, 8192),
+                              uniform_shape("D1", 4, 4, 128, 81920),
+                              uniform_shape("D4", 1, 1, 16, 4096, true, true)}) {
+      shape.name.insert(2, page);  // "D2 page=16 Hq=16 B=128": a filter for "D2 Hq=16" keeps to page 64
+      shape.page_size = page_size;
+      paged.push_back(shape);
+    }
+  }
+  for (Format format : {Format::kBf16, Format::kFp8Cache}) {
+    for (const DecodeShape& shape : paged) cases.push_back(dense_decode_case(shape, format));
   }
 }
 

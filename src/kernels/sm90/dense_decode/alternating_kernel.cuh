@@ -88,13 +88,14 @@ constexpr int kPublishedA = 0, kPublishedB = 1, kConsumedA = 2, kConsumedB = 3;
 constexpr int kSumsOf0 = 4, kSumsOf1 = 5;
 constexpr int kRowsStaged = 6;              // both warpgroups' output rows (once; 256 arrivals)
 constexpr int kHandoffCount = 7;
-// A 16-bit tile lands in parts of 3 blocks of 64 dims, each on its own full barrier, so that S
-// starts on the first blocks while the rest stream in. A stage is refilled only once both
+// A 16-bit tile lands in its parts (KeyTileParts: 4, 4 and 1 blocks of 64 dims since session 37,
+// 3 x 3 before), each on its own full barrier, so that S starts on the first blocks while the
+// rest stream in. A stage is refilled only once both
 // warpgroups' O += P V of its tile are done, and its 72 KB take 1200-2200 cycles to arrive,
 // about as long as the rest of the pair after that release (perf log sessions 17, 18): with
 // the parts, H100 cycles (locked clocks) of D1 Hq128 B16 -3%, D3 -6%, D1 Hq32 -10%. Parts of
 // one block each were slower than three (perf log session 18).
-constexpr int kAlternatingKeyParts = 3;
+constexpr int kAlternatingKeyParts = KeyTileParts::kParts;
 
 struct AlternatingLayout {
   static constexpr int kStages = 2;  // key stages of 72 KB
@@ -177,7 +178,7 @@ constexpr int alternating_threads() {
 
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
-    dense_decode_alternating_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
+    dense_decode_alternating_kernel(const __grid_constant__ KeyMaps maps, SplitArgs args) {
   static_assert(kHalf || !kFp8Cache, "FP8 caches compute in fp16");
   static_assert(kFp8Cache || !kFp8Q, "an fp8 q comes with an FP8 cache");
   // FP8 caches: S on e4m3 wgmma straight from the raw tiles, O^T in fp16 from V^T fragments
@@ -226,7 +227,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
   const int tile_index = blockIdx.x, batch_index = work.batch_index, split = work.split;
   const int first_row = tile_index * kRowsPerTile;
   const int rows_here = min(kRowsPerTile, args.rows - first_row);
-  start_early_loads<(kFp8Q ? 1 : 2)>(&cache_map, args, batch_index, first_row, rows_here);
+  start_early_loads<(kFp8Q ? 1 : 2)>(&maps, args, batch_index, first_row, rows_here);
   const KeyRange range = split_key_range(args, work, first_row, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, first_row, rows_here)) return;
@@ -246,9 +247,9 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
     set_register_count<kProducerRegisters, false>();
     if (threadIdx.x == kProducerStart) {
       if constexpr (kRawKeys) {
-        produce_key_tiles<true, kStages>(&cache_map, args, table_row, range, stages, full, empty);
+        produce_key_tiles<true, kStages>(&maps, args, table_row, range, stages, full, empty);
       } else {
-        produce_key_tiles<false, 2, 1, kKeyParts>(&cache_map, args, table_row, range, stages, full, empty);
+        produce_key_tiles<false, 2, 1, kKeyParts>(&maps, args, table_row, range, stages, full, empty);
       }
     }
     return;
@@ -358,35 +359,33 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       }
     } else {
       uint8_t* keys = stages + (tile % 2) * kTileBlockBytes;
-      constexpr int kStepsPerPart = 4 * kDimBlocks / kKeyParts;  // k steps of 16 dims
       auto wait_for_part = [&](int part) { mbarrier_wait(&full[(tile % 2) * kKeyParts + part], (tile / 2) % 2); };
       wait_for_part(0);
       // The descriptors are opaque per tile, so that the compiler computes them next to their
       // wgmmas instead of hoisting them out of the loop. Together with the zeroing after S
       // (below) this made the FP8-cache kernel 2-8% faster on an H100 (D2 Hq64, D3, D1 Hq128;
       // bf16 within noise; perf log session 17).
-      uint64_t key_descriptor = make_descriptor(keys, 16, 1024), q_descriptor = query_descriptor;
+      uint64_t key_descriptor = make_descriptor(keys, 16, KeyTileParts::group_stride(0)),
+               q_descriptor = query_descriptor;
       asm volatile("" : "+l"(key_descriptor), "+l"(q_descriptor));
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kLatentDim / 16; ++k) {
-        if (k > 0 && k % kStepsPerPart == 0) {  // the fence after the wait keeps ptxas from
-          wait_for_part(k / kStepsPerPart);      // serialising every wgmma (C7518)
-          wgmma_fence();
+        const int block = k / 4, part = KeyTileParts::part_of(block);
+        if (part > 0 && block == KeyTileParts::first_block(part) && k % 4 == 0) {  // the fence after the wait
+          wait_for_part(part);                                                    // keeps ptxas from serialising
+          wgmma_fence();                                                          // every wgmma (C7518)
         }
-        const int offset = (k / 4) * kSwizzleBlockBytes + (k % 4) * 32;
-        wgmma_64x64x16<kHalf>(scores, advance_descriptor(q_descriptor, offset),
-                              advance_descriptor(key_descriptor, offset), k > 0);
+        wgmma_64x64x16<kHalf>(scores, advance_descriptor(q_descriptor, block * kSwizzleBlockBytes + (k % 4) * 32),
+                              KeyTileParts::key_descriptor(key_descriptor, block, (k % 4) * 32), k > 0);
       }
-      if constexpr ((kLatentDim / 64) % (kDimBlocks / kKeyParts) == 0) {  // the rope block starts a part
-        wait_for_part(kKeyParts - 1);
-        wgmma_fence();
-      }
+      static_assert(KeyTileParts::first_block(kKeyParts - 1) == kLatentDim / 64, "the rope block is the last part");
+      wait_for_part(kKeyParts - 1);
+      wgmma_fence();
 #pragma unroll
       for (int step = 0; step < kRopeSteps; ++step) {
         wgmma_64x64x16_a_registers<kHalf>(
-            scores, rope_query[step],
-            advance_descriptor(key_descriptor, (kLatentDim / 64) * kSwizzleBlockBytes + step * 32), true);
+            scores, rope_query[step], KeyTileParts::key_descriptor(key_descriptor, kLatentDim / 64, step * 32), true);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -394,7 +393,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       // Slots past the sequence end: S's mask drops whatever they hold; O += P V (this
       // warpgroup's, and the other's after the publish handoff) must read zeros.
       if (valid < kTileKeys) {
-        zero_key_lines<kDimBlocks, 128>(keys, valid, thread_in_warpgroup, 128);
+        KeyTileParts::zero_lines(keys, valid, thread_in_warpgroup, 128);
         fence_shared_for_async_proxy();
         sync_named(2 + warpgroup, 128);
       }
@@ -573,18 +572,20 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
   // 16-bit caches: O += P V for this warpgroup's value columns over tile `tile`, P from registers
   // or from the other warpgroup's buffer (one wgmma group; finish_value_product waits).
   auto value_product = [&](int tile, bool own) {
-    const uint64_t value_descriptor = make_descriptor(
-        stages + (tile % 2) * kTileBlockBytes + value_block * kSwizzleBlockBytes, kSwizzleBlockBytes, 1024);
+    // This warpgroup's 4 value blocks are a part of the tile (KeyTileParts): 1 KB apart (LBO).
+    const uint64_t value_descriptor =
+        make_descriptor(stages + (tile % 2) * kTileBlockBytes, 1024, KeyTileParts::group_stride(0));
     const uint64_t probability_descriptor = make_descriptor(probability_buffer(tile % 2), 16, 1024);
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kTileKeys / 16; ++k) {
       if (own) {
         wgmma_64x256x16_a_registers_b_n_major<kHalf>(output, probabilities[k],
-                                                     advance_descriptor(value_descriptor, 2048 * k), true);
+                                                     KeyTileParts::value_descriptor(value_descriptor, value_block, k),
+                                                     true);
       } else {
         wgmma_64x256x16_b_n_major<kHalf>(output, advance_descriptor(probability_descriptor, 32 * k),
-                                         advance_descriptor(value_descriptor, 2048 * k), true);
+                                         KeyTileParts::value_descriptor(value_descriptor, value_block, k), true);
       }
     }
     wgmma_commit();

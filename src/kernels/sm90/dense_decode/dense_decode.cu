@@ -42,15 +42,14 @@ void require_alignment(const char* argument, const TensorView& view, int bytes) 
   }
 }
 
-// The cache as a 3-D tensor (dim, token, page) for the TMA; boxes of 64 dims x min(page, 64)
-// tokens, 128-byte swizzled for 16-bit caches (the wgmma layout). FP8 caches: boxes of 128 dims,
-// 128-byte swizzled, for every kernel (key_tiles.cuh wide_raw_offset: half the box rows of
-// 64-dim boxes, which the TMA takes at its own pace; V^T by ldmatrix.trans, fp8_fragments.cuh
-// WideValueFragments).
-CUtensorMap make_cache_map(const TensorView& cache) {
-  const bool fp8 = cache.dtype == DType::kFloat8E4M3;
-  const CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
-  const cuuint32_t box_dims = fp8 ? kWideRawBoxDims : 64;
+// The cache's TMA descriptors (key_tiles.cuh KeyMaps), 128-byte swizzled. 16-bit caches: a 5-D
+// view (64 dims, 8 tokens of a group, 9 blocks of 64 dims, groups of a page, pages), so that one
+// box lands a part of a key tile as [group][block][token] (KeyTileParts): boxes of 4 blocks
+// (`latent`) and 1 block (`rope`), min(page, 64) tokens. FP8 caches: a 3-D view (dim, token,
+// page), boxes of 128 dims x min(page, 64) tokens for every kernel (key_tiles.cuh
+// wide_raw_offset: half the box rows of 64-dim boxes, which the TMA takes at its own pace; V^T
+// by ldmatrix.trans, fp8_fragments.cuh WideValueFragments).
+KeyMaps make_key_maps(const TensorView& cache) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   static Encode encode = [] {
     void* function = nullptr;
@@ -65,34 +64,49 @@ CUtensorMap make_cache_map(const TensorView& cache) {
   if (encode == nullptr) {
     throw Error(ErrorKind::kCuda, kOp, "kv_cache", "the driver has no cuTensorMapEncodeTiled (TMA)");
   }
-  const size_t element = dtype_size(cache.dtype);
-  const int64_t page_size = cache.size(1);
-  const cuuint64_t sizes[3] = {cuuint64_t(kHeadDim), cuuint64_t(page_size), cuuint64_t(cache.size(0))};
-  const cuuint64_t strides[2] = {cuuint64_t(cache.stride(1) * element), cuuint64_t(cache.stride(0) * element)};
-  const cuuint32_t box[3] = {box_dims, cuuint32_t(std::min<int64_t>(page_size, kTileKeys)), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  CUtensorMap map{};
-  const CUresult result =
-      encode(&map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, cache.data, sizes, strides,
-             box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS) {
-    throw Error(ErrorKind::kInvalidArgument, kOp, "kv_cache",
-                "cannot be described to the TMA (cuTensorMapEncodeTiled error " + std::to_string(int(result)) +
-                    "): expected 16-byte aligned pages and tokens");
+  const bool fp8 = cache.dtype == DType::kFloat8E4M3;
+  const cuuint64_t element = dtype_size(cache.dtype);
+  const int64_t page_size = cache.size(1), box_tokens = std::min<int64_t>(page_size, kTileKeys);
+  const cuuint64_t token_bytes = cuuint64_t(cache.stride(1)) * element, page_bytes = cuuint64_t(cache.stride(0)) * element;
+  auto make = [&](CUtensorMap& map, int rank, const cuuint64_t* sizes, const cuuint64_t* strides, const cuuint32_t* box) {
+    const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+    const CUresult result =
+        encode(&map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, cuuint32_t(rank), cache.data,
+               sizes, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (result != CUDA_SUCCESS) {
+      throw Error(ErrorKind::kInvalidArgument, kOp, "kv_cache",
+                  "cannot be described to the TMA (cuTensorMapEncodeTiled error " + std::to_string(int(result)) +
+                      "): expected 16-byte aligned pages and tokens");
+    }
+  };
+  KeyMaps maps{};
+  if (fp8) {
+    const cuuint64_t sizes[3] = {cuuint64_t(kHeadDim), cuuint64_t(page_size), cuuint64_t(cache.size(0))};
+    const cuuint64_t strides[2] = {token_bytes, page_bytes};
+    const cuuint32_t box[3] = {cuuint32_t(kWideRawBoxDims), cuuint32_t(box_tokens), 1};
+    make(maps.latent, 3, sizes, strides, box);
+    maps.rope = maps.latent;
+  } else {
+    const cuuint64_t sizes[5] = {64, 8, cuuint64_t(kDimBlocks), cuuint64_t(page_size / 8), cuuint64_t(cache.size(0))};
+    const cuuint64_t strides[4] = {token_bytes, 64 * element, 8 * token_bytes, page_bytes};
+    const cuuint32_t groups = cuuint32_t(box_tokens / 8);
+    const cuuint32_t latent_box[5] = {64, 8, cuuint32_t(KeyTileParts::blocks_in(0)), groups, 1};
+    const cuuint32_t rope_box[5] = {64, 8, cuuint32_t(KeyTileParts::blocks_in(2)), groups, 1};
+    make(maps.latent, 5, sizes, strides, latent_box);
+    make(maps.rope, 5, sizes, strides, rope_box);
   }
-  return map;
+  return maps;
 }
 
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
-void launch_split(const CUtensorMap& cache_map, const SplitArgs& args, dim3 grid, cudaStream_t stream,
+void launch_split(const KeyMaps& maps, const SplitArgs& args, dim3 grid, cudaStream_t stream,
                   bool programmatic) {
   // Not a stream operation: allowed during graph capture, and cheap enough to repeat.
   auto launch = [&](auto kernel, int threads, int bytes) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), kOp,
                "cudaFuncSetAttribute");
-    launch_kernel(kOp, kernel, grid, dim3(threads), bytes, stream, programmatic, cache_map, args);
+    launch_kernel(kOp, kernel, grid, dim3(threads), bytes, stream, programmatic, maps, args);
   };
   auto launch_narrow = [&](auto rows) {  // the transposed kernels: the rows are wgmma's N
     constexpr int kRows = decltype(rows)::value;
@@ -184,15 +198,15 @@ void dense_decode(const DenseDecodeParams& params) {
   // (split_common.cuh cta_work).
   const dim3 grid(unsigned(plan.row_tiles), unsigned(batch), unsigned(plan.splits));
   const cudaStream_t stream = as_cuda_stream(params.stream);
-  const CUtensorMap cache_map = make_cache_map(cache);
+  const KeyMaps maps = make_key_maps(cache);
   if (half) {
-    launch_split<true, false, false>(cache_map, args, grid, stream, params.enable_pdl);
+    launch_split<true, false, false>(maps, args, grid, stream, params.enable_pdl);
   } else if (fp8_q) {  // S (<= 32 rows: S^T) on e4m3 tensor cores, P V in fp16
-    launch_split<true, true, true>(cache_map, args, grid, stream, params.enable_pdl);
+    launch_split<true, true, true>(maps, args, grid, stream, params.enable_pdl);
   } else if (fp8_cache) {
-    launch_split<true, false, true>(cache_map, args, grid, stream, params.enable_pdl);
+    launch_split<true, false, true>(maps, args, grid, stream, params.enable_pdl);
   } else {
-    launch_split<false, false, false>(cache_map, args, grid, stream, params.enable_pdl);
+    launch_split<false, false, false>(maps, args, grid, stream, params.enable_pdl);
   }
 
   // The combine kernel waits for the attention kernel's results (griddepcontrol.wait) before

@@ -1,16 +1,16 @@
 // Dense MLA decode: the key tiles the attention kernels (alternating_kernel.cuh,
 // narrow_kernel.cuh) stream, and the small pieces of tensor-core plumbing they share.
 //
-// A key tile is 64 tokens x 576 dims. 16-bit tiles live in shared memory as 9 blocks of 64
-// dims, each [64 lines][128 bytes] with the 128-byte swizzle (wgmma.cuh): K-major for S (line =
-// key) and, read N/M-major, V for the output. The producer (one thread) walks the block table
-// and issues one TMA box per 64 dims x min(page, 64) tokens. FP8 caches land as 9 blocks of
-// [64 lines][64 bytes], 64-byte swizzled, for the narrow kernel, which widens in registers
-// (fp8_fragments.cuh), and as 5 blocks of [64 lines][128 bytes] (one box per 128 dims, 128-byte
-// swizzled: wide_raw_offset) for the alternating kernel, which widens its V^T fragments in
-// registers too (fp8_fragments.cuh WideValueFragments). Slots past the sequence end are zeroed
-// in shared memory before use (unused cache slots may hold NaN, pages past the end are never
-// read), so masked keys multiply finite zeros.
+// A key tile is 64 tokens x 576 dims. 16-bit tiles live in shared memory in three parts, the
+// blocks of 64 dims {0..3}, {4..7} (the latent halves) and {8} (the rope), each [8-key group][its
+// blocks][8 lines][128 bytes] with the 128-byte swizzle (KeyTileParts; wgmma.cuh): K-major for S
+// (line = key) and, read N/M-major, V for the output; so that one TMA box per part and page
+// lands a part (KeyTileLoader). FP8 caches land as 5 blocks of [64 lines][128 bytes] (one box
+// per 128 dims and page, 128-byte swizzled: wide_raw_offset), whose V^T fragments the kernels
+// widen in registers (fp8_fragments.cuh WideValueFragments). The producer (one thread) walks
+// the block table and issues the boxes. Slots past the sequence end are zeroed in shared memory
+// before use (unused cache slots may hold NaN, pages past the end are never read), so masked
+// keys multiply finite zeros.
 #pragma once
 
 #include <cfloat>
@@ -31,6 +31,59 @@ template <int kLines = kTileKeys>
 __device__ __forceinline__ int tile_offset(int line, int dim) {
   return (dim / 64) * (kLines * 128) + swizzled_offset(line, dim % 64);
 }
+
+// The 16-bit key tile's layout. Part p holds blocks [first_block(p), first_block(p) +
+// blocks_in(p)) of 64 dims at part_start(p); inside it, 8-key group g at g * blocks_in(p) KB
+// and its block i at i KB, each block's 8 lines of 128 bytes with the 128-byte swizzle on its
+// 1 KB (the wgmma layout: a block's 8-key groups are group_stride apart, wgmma's SBO).
+// Why parts of whole key groups rather than [block][64 lines]: a TMA box is written densely in
+// the order of its dimensions, so [group][block][line] is the only order in which one box
+// covers several blocks of a page; a box costs the TMA ~40 cycles besides its lines, and with
+// pages of 16 tokens a [block][line] tile took 36 boxes (3 now), which cost the compute-bound
+// 64-row kernel 30% (perf log, session 37). The parts are the latent halves that the 64-row
+// kernel's warpgroups multiply by P (one n256 wgmma each needs its 4 blocks at one stride) and
+// the rope; S starts on the first part while the rest lands.
+struct KeyTileParts {
+  static constexpr int kParts = 3;
+  __host__ __device__ static constexpr int part_of(int block) { return block < 4 ? 0 : block < 8 ? 1 : 2; }
+  __host__ __device__ static constexpr int first_block(int part) { return 4 * part; }
+  __host__ __device__ static constexpr int blocks_in(int part) { return part < 2 ? 4 : 1; }
+  __host__ __device__ static constexpr int part_start(int part) { return first_block(part) * kSwizzleBlockBytes; }
+  // Between a block's 8-key groups.
+  __host__ __device__ static constexpr int group_stride(int block) { return blocks_in(part_of(block)) * 1024; }
+  // Where a block's first 8-key group starts.
+  __host__ __device__ static constexpr int block_start(int block) {
+    return part_start(part_of(block)) + (block - first_block(part_of(block))) * 1024;
+  }
+  __host__ __device__ static constexpr int line_start(int line, int block) {
+    return block_start(block) + (line / 8) * group_stride(block) + (line % 8) * 128;
+  }
+  // Byte offset of element (line, dim).
+  __host__ __device__ static constexpr int offset(int line, int dim) {
+    return line_start(line, dim / 64) + (swizzled_offset(line % 8, dim % 64) - (line % 8) * 128);
+  }
+  // Lines [first_invalid, 64) set to zero, by `threads` threads (whole lines: the swizzle does not matter).
+  __device__ __forceinline__ static void zero_lines(uint8_t* tile, int first_invalid, int thread, int threads) {
+    constexpr int kUnitsPerLine = kDimBlocks * 8;  // 16-byte units
+    for (int unit = thread; unit < (kTileKeys - first_invalid) * kUnitsPerLine; unit += threads) {
+      const int line = first_invalid + unit / kUnitsPerLine, rest = unit % kUnitsPerLine;
+      *reinterpret_cast<uint4*>(tile + line_start(line, rest / 8) + (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  // A K-major wgmma descriptor of block `block` at `byte_offset` into its lines (a k step of 16
+  // dims: 32 bytes), from `descriptor` = make_descriptor(tile, 16, group_stride(0)): the start
+  // address moves to the block and the SBO field to its part's group stride.
+  __device__ __forceinline__ static uint64_t key_descriptor(uint64_t descriptor, int block, int byte_offset) {
+    const int64_t stride_change = (group_stride(block) - group_stride(0)) >> 4;
+    return descriptor + uint64_t((block_start(block) + byte_offset) >> 4) + (uint64_t(stride_change) << 32);
+  }
+  // An N/M-major descriptor (V; LBO = 1 KB between blocks, SBO = group_stride) of 16 keys from key
+  // 16 k of the latent blocks from `block`, from `descriptor` = make_descriptor(tile, 1024, group_stride(0)).
+  __device__ __forceinline__ static uint64_t value_descriptor(uint64_t descriptor, int block, int k) {
+    return descriptor + uint64_t((block_start(block) + 2 * k * group_stride(block)) >> 4);
+  }
+};
+static_assert(KeyTileParts::part_start(2) + 8 * 1024 == kTileBlockBytes, "the parts fill the 72 KB tile");
 
 // Key lines [first_invalid, 64) set to zero in the first kBlocks blocks of [64 lines][kLineBytes]
 // of a key tile (16-bit tiles: 9 blocks of 128 bytes; the narrow kernel's raw FP8 tiles: 9 of 64;
@@ -100,16 +153,27 @@ __device__ __forceinline__ void load_query_tile(const SplitArgs& args, int batch
   sync_named(barrier, kThreads);
 }
 
+// The TMA descriptors of a launch's cache (dense_decode.cu make_key_maps). 16-bit caches: a
+// 5-D view (64 dims, 8 lines of a group, 9 blocks, groups of a page, pages) with boxes of 4 blocks
+// (`latent`: parts 0 and 1) and of 1 block (`rope`: part 2), min(page, 64) / 8 groups each.
+// FP8 caches: `latent` is a 3-D view (dim, token, page) with boxes of 128 dims x min(page, 64)
+// tokens; `rope` is unused.
+struct KeyMaps {  // (CUtensorMap carries its own alignment)
+  CUtensorMap latent;
+  CUtensorMap rope;
+};
+
 // Every split kernel's first step: the loads that need nothing but the kernel arguments start
 // at once (the TMA descriptor; the tile's query rows into L2, one 128-byte line per thread),
 // so that their memory latency overlaps the chain seq_lens -> block table -> first key tile
 // instead of following it. (On D4 / D5, one H100, L2 cold, clock64: Q still reaches shared
 // memory 3-6 us after entry, queued behind the first key tiles, which land then too.)
 template <int kQueryElementBytes>
-__device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, const SplitArgs& args,
+__device__ __forceinline__ void start_early_loads(const KeyMaps* maps, const SplitArgs& args,
                                                   int batch_index, int first_row, int rows_here) {
   constexpr int kRowBytes = kHeadDim * kQueryElementBytes, kLinesPerRow = (kRowBytes + 127) / 128;
-  if (threadIdx.x == 0) prefetch_tensor_map(cache_map);
+  if (threadIdx.x == 0) prefetch_tensor_map(&maps->latent);
+  if (threadIdx.x == 32) prefetch_tensor_map(&maps->rope);  // (FP8: unused, and harmless)
   for (int unit = threadIdx.x; unit < rows_here * kLinesPerRow; unit += blockDim.x) {
     const int m = first_row + unit / kLinesPerRow;
     const int64_t offset = query_row_offset(args, batch_index, m);
@@ -120,19 +184,14 @@ __device__ __forceinline__ void start_early_loads(const CUtensorMap* cache_map, 
 
 // Issues a split's key tiles by TMA (one thread): reads the block-table entries of a tile's
 // pages (only pages that hold keys of the sequence: entries past its end may be garbage) and
-// issues one box per kBoxDims dims per page, counted on the barrier `issue` is given: 64 dims of a
-// 16-bit cache, 128 of an FP8 cache (wide_raw_offset; the last box reads dims 576..639 past the
-// row's end as zeros). Either way a box line is 128 bytes and block b of stage s lands at stages +
-// s * kStageStride + b * kBlockStride, packed.
+// issues per page one box per part of a 16-bit tile (KeyTileParts), or one box per 128 dims of
+// an FP8 tile (wide_raw_offset; the last box reads dims 576..639 past the row's end as zeros),
+// counted on the part's barrier of `landed`.
 template <bool kFp8Cache>
 struct KeyTileLoader {
-  static constexpr int kBoxDims = kFp8Cache ? kWideRawBoxDims : 64;
-  static constexpr int kLineBytes = kBoxDims * (kFp8Cache ? 1 : 2);  // one box line
-  static_assert(kLineBytes == 128, "128-byte swizzled box lines");
-  static constexpr int kBlocks = (kHeadDim + kBoxDims - 1) / kBoxDims;  // boxes per page
-  static constexpr int kBlockStride = kTileKeys * kLineBytes, kStageStride = kBlocks * kBlockStride;
-  static constexpr int kMaxBoxes = kTileKeys / 16;         // pages per tile at the smallest page size
-  const CUtensorMap* cache_map;
+  static constexpr int kStageStride = kFp8Cache ? kWideRawStageBytes : kTileBlockBytes;
+  static constexpr int kMaxBoxes = kTileKeys / 16;  // pages per tile at the smallest page size
+  const KeyMaps* maps;
   const SplitArgs& args;
   const int32_t* table_row;
   const KeyRange& range;
@@ -140,9 +199,9 @@ struct KeyTileLoader {
   int box_tokens;
   int pages[kMaxBoxes];
 
-  __device__ __forceinline__ KeyTileLoader(const CUtensorMap* cache_map, const SplitArgs& args,
-                                           const int32_t* table_row, const KeyRange& range, uint8_t* stages)
-      : cache_map(cache_map), args(args), table_row(table_row), range(range), stages(stages),
+  __device__ __forceinline__ KeyTileLoader(const KeyMaps* maps, const SplitArgs& args, const int32_t* table_row,
+                                           const KeyRange& range, uint8_t* stages)
+      : maps(maps), args(args), table_row(table_row), range(range), stages(stages),
         box_tokens(min(1 << args.page_shift, kTileKeys)) {}
 
   __device__ __forceinline__ int boxes_of(int tile) const {
@@ -157,27 +216,44 @@ struct KeyTileLoader {
     }
   }
   // Tile `tile` (its pages read last) into stage `stage`; landed[part] counts the bytes of its
-  // part-th kDimBlocks / kParts blocks of 64 dims (each page's blocks issued in order, so that
-  // a consumer may start on the first blocks).
+  // part (16-bit: KeyTileParts, issued part by part so that a consumer may start on the first;
+  // FP8: one part).
   template <int kParts = 1>
   __device__ __forceinline__ void issue(int tile, int stage, uint64_t* landed) const {
-    static_assert(kBlocks % kParts == 0, "whole blocks per part");
-    constexpr int kBlocksPerPart = kBlocks / kParts;
+    static_assert(kParts == (kFp8Cache ? 1 : KeyTileParts::kParts), "the parts of the tile's layout");
     const int first_key = range.begin + tile * kTileKeys;
     const int boxes = boxes_of(tile);
-#pragma unroll
-    for (int part = 0; part < kParts; ++part) {
-      mbarrier_arrive_expect_bytes(&landed[part], uint32_t(boxes * kBlocksPerPart * box_tokens * kLineBytes));
-    }
     uint8_t* destination = stages + stage * kStageStride;
+    if constexpr (kFp8Cache) {
+      constexpr int kBlocks = kWideRawStageBytes / kWideRawBlockBytes;
+      mbarrier_arrive_expect_bytes(&landed[0], uint32_t(boxes * kBlocks * box_tokens * 128));
 #pragma unroll
-    for (int box = 0; box < kMaxBoxes; ++box) {
-      if (box >= boxes) break;
-      const int token = (first_key + box * box_tokens) & ((1 << args.page_shift) - 1);
+      for (int box = 0; box < kMaxBoxes; ++box) {
+        if (box >= boxes) break;
+        const int token = (first_key + box * box_tokens) & ((1 << args.page_shift) - 1);
 #pragma unroll
-      for (int block = 0; block < kBlocks; ++block) {
-        tma_load_box(destination + block * kBlockStride + box * box_tokens * kLineBytes, cache_map, block * kBoxDims,
-                     token, pages[box], &landed[block / kBlocksPerPart]);
+        for (int block = 0; block < kBlocks; ++block) {
+          tma_load_box(destination + block * kWideRawBlockBytes + box * box_tokens * 128, &maps->latent,
+                       block * kWideRawBoxDims, token, pages[box], &landed[0]);
+        }
+      }
+    } else {
+      using Parts = KeyTileParts;
+      const int groups = box_tokens / 8;  // 8-key groups a box
+#pragma unroll
+      for (int part = 0; part < Parts::kParts; ++part) {
+        mbarrier_arrive_expect_bytes(&landed[part], uint32_t(boxes * Parts::blocks_in(part) * box_tokens * 128));
+      }
+#pragma unroll
+      for (int part = 0; part < Parts::kParts; ++part) {
+#pragma unroll
+        for (int box = 0; box < kMaxBoxes; ++box) {
+          if (box >= boxes) break;
+          const int group = ((first_key + box * box_tokens) & ((1 << args.page_shift) - 1)) / 8;
+          tma_load_group_box(destination + Parts::part_start(part) + box * groups * Parts::blocks_in(part) * 1024,
+                             part < 2 ? &maps->latent : &maps->rope, Parts::first_block(part), group, pages[box],
+                             &landed[part]);
+        }
       }
     }
   }
@@ -193,13 +269,13 @@ struct KeyTileLoader {
 // parity of a phase another group's tile has not completed yet for its own (try_wait.parity
 // tells only the two latest phases apart).
 // The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
-// kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile's 64-dim
-// blocks (KeyTileLoader::issue).
+// kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile
+// (KeyTileParts).
 template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1>
-__device__ __forceinline__ void produce_key_tiles(const CUtensorMap* cache_map, const SplitArgs& args,
+__device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
                                                   uint8_t* stages, uint64_t* full, uint64_t* empty) {
-  KeyTileLoader<kFp8Cache> loader(cache_map, args, table_row, range, stages);
+  KeyTileLoader<kFp8Cache> loader(maps, args, table_row, range, stages);
   loader.read_pages(0);
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % kStages;

@@ -120,7 +120,7 @@ struct NarrowFp8Layout {
 
 template <bool kFp8Q, int kRows>
 __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
-    dense_decode_narrow_fp8_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
+    dense_decode_narrow_fp8_kernel(const __grid_constant__ KeyMaps maps, SplitArgs args) {
   using Layout = NarrowFp8Layout<kFp8Q, kRows>;
   constexpr int kSlots = kRows / 4;  // query rows per thread (accumulator columns)
   constexpr int kQueryLines = Layout::kQueryLines;
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   const CtaWork work = cta_work(args, reinterpret_cast<int*>(stages));
   const int batch_index = work.batch_index, split = work.split;
   const int rows_here = args.rows;  // <= kRows: one row tile
-  start_early_loads<(kFp8Q ? 1 : 2)>(&cache_map, args, batch_index, 0, rows_here);
+  start_early_loads<(kFp8Q ? 1 : 2)>(&maps, args, batch_index, 0, rows_here);
   const KeyRange range = split_key_range(args, work, 0, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   if (warpgroup == Layout::kProducerGroup) {
     set_register_count<kProducerRegisters, false>();
     if (threadIdx.x == Layout::kProducerGroup * 128) {
-      produce_key_tiles<true, kStages>(&cache_map, args, table_row, range, stages, full, empty);
+      produce_key_tiles<true, kStages>(&maps, args, table_row, range, stages, full, empty);
     }
     return;
   }

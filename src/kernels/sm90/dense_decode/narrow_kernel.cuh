@@ -46,11 +46,11 @@ struct NarrowLayout {
   static_assert(kRows == 16 || kRows == 32, "16 or 32 query rows");
   static constexpr int kThreads = kNarrowGroupThreads + 32;  // the consumers + a producer warp
   static constexpr int kStages = 2;
-  // A tile lands in three parts of 3 blocks of 64 dims, each on its own full barrier, so that
-  // S^T starts on the first part while the rest streams in (a CTA of D4 / D5 computes one to
-  // four tiles, the first straight after it lands: kernel time D4 B4 -2.9%, D5 -2.2%, perf log
+  // A tile lands in its three parts (KeyTileParts), each on its own full barrier, so that S^T
+  // starts on the first part while the rest streams in (a CTA of D4 / D5 computes one to four
+  // tiles, the first straight after it lands: kernel time D4 B4 -2.9%, D5 -2.2%, perf log
   // session 30).
-  static constexpr int kParts = 3;
+  static constexpr int kParts = KeyTileParts::kParts;
   static constexpr int kQuery = 0;  // 9 swizzled blocks of kRows lines
   static constexpr int kKeys = kDimBlocks * kRows * 128;  // the stages
   static constexpr int kProbabilities = kKeys + kStages * kTileBlockBytes;  // P^T
@@ -182,7 +182,7 @@ __device__ __forceinline__ void store_transposed_probabilities(const float (&sco
 
 template <bool kHalf, int kRows>
 __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
-    dense_decode_narrow_kernel(const __grid_constant__ CUtensorMap cache_map, SplitArgs args) {
+    dense_decode_narrow_kernel(const __grid_constant__ KeyMaps maps, SplitArgs args) {
   using Layout = NarrowLayout<kRows>;
   constexpr int kSlots = kRows / 4;  // query rows per thread (accumulator columns)
   extern __shared__ uint8_t raw_shared[];
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   const CtaWork work = cta_work(args, reinterpret_cast<int*>(stages));
   const int batch_index = work.batch_index, split = work.split;
   const int rows_here = args.rows;  // <= kRows: one row tile
-  start_early_loads<2>(&cache_map, args, batch_index, 0, rows_here);
+  start_early_loads<2>(&maps, args, batch_index, 0, rows_here);
   const KeyRange range = split_key_range(args, work, 0, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   __syncthreads();  // the last barrier of all threads: the producer leaves after its loop
   if (threadIdx.x >= kNarrowGroupThreads) {
     if (threadIdx.x == kNarrowGroupThreads) {
-      produce_key_tiles<false, Layout::kStages, 1, Layout::kParts>(&cache_map, args, table_row, range, stages, full,
+      produce_key_tiles<false, Layout::kStages, 1, Layout::kParts>(&maps, args, table_row, range, stages, full,
                                                                    empty);
     }
     return;
@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     if (valid < kTileKeys) {
 #pragma unroll
       for (int part = 1; part < Layout::kParts; ++part) wait_for_part(part);  // zeroing writes every block
-      zero_key_lines<kDimBlocks, 128>(keys, valid, threadIdx.x, kNarrowGroupThreads);
+      KeyTileParts::zero_lines(keys, valid, threadIdx.x, kNarrowGroupThreads);
       fence_shared_for_async_proxy();
       sync_narrow_consumers();
     }
@@ -268,18 +268,18 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     float scores[kRows / 2];
     {
       constexpr int kChains = 4;
-      constexpr int kStepsPerPart = kHeadDim / 16 / Layout::kParts;
       float chains[kChains][kRows / 2];
-      const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);
+      const uint64_t key_descriptor = make_descriptor(keys, 16, KeyTileParts::group_stride(0));
       wgmma_fence();
 #pragma unroll
       for (int step = 0; step < kHeadDim / 16; ++step) {
-        if (step > 0 && step % kStepsPerPart == 0) {  // (the fence after the wait keeps ptxas
-          wait_for_part(step / kStepsPerPart);       // from serialising every wgmma: C7518)
-          wgmma_fence();
+        const int block = step / 4, part = KeyTileParts::part_of(block);
+        if (part > 0 && block == KeyTileParts::first_block(part) && step % 4 == 0) {  // (the fence after the
+          wait_for_part(part);                                                       // wait keeps ptxas from
+          wgmma_fence();                                                             // serialising every wgmma: C7518)
         }
         wgmma_rows<kHalf, kRows>(chains[step % kChains],
-                              advance_descriptor(key_descriptor, (step / 4) * kSwizzleBlockBytes + (step % 4) * 32),
+                              KeyTileParts::key_descriptor(key_descriptor, block, (step % 4) * 32),
                               advance_descriptor(query_descriptor, (step / 4) * (kRows * 128) + (step % 4) * 32),
                               step >= kChains);
       }
@@ -331,15 +331,15 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     sync_narrow_consumers();  // P^T complete; the exchange reads are done
 
     // O^T += V^T P^T. V^T block b (64 dims) is the K tile's block b read M-major; a k step of 16
-    // keys is 16 lines (2048 bytes).
-    const uint64_t value_descriptor = make_descriptor(keys, kSwizzleBlockBytes, 1024);
+    // keys is two 8-key groups.
+    const uint64_t value_descriptor = make_descriptor(keys, 1024, KeyTileParts::group_stride(0));
     wgmma_fence();
 #pragma unroll
     for (int block = 0; block < kLatentDim / 64; ++block) {
 #pragma unroll
       for (int k = 0; k < kTileKeys / 16; ++k) {
         wgmma_rows_a_m_major<kHalf, kRows>(output[block],
-                                        advance_descriptor(value_descriptor, block * kSwizzleBlockBytes + k * 2048),
+                                        KeyTileParts::value_descriptor(value_descriptor, block, k),
                                         advance_descriptor(probability_descriptor, 32 * k), true);
       }
     }
