@@ -3,11 +3,10 @@
 // may be refilled (dense_decode/key_tiles.cuh), and that hand data between warpgroups
 // (dense_decode/alternating_kernel.cuh).
 //
-// A paged cache [pages, page_size, 576] is described to the TMA as a 5-D tensor (16-bit caches:
-// tma_load_group_box) or a 3-D one (dim, token, page; FP8 caches: one box is 128 dims x
-// `box_tokens` tokens of one page), landing 128-byte swizzled: the layout that wgmma reads
+// A paged cache [pages, page_size, 576] is described to the TMA as 5-D tensors whose boxes land
+// parts of key tiles 128-byte swizzled (tma_load_group_box): the layout that wgmma reads
 // (wgmma.cuh) and, for FP8 caches, that ldmatrix reads without bank conflicts
-// (dense_decode/fp8_fragments.cuh).
+// (dense_decode/fp8_fragments.cuh). (tma_load_box: the 3-D form, for the micro-benchmarks.)
 #pragma once
 
 #include <cuda.h>
@@ -61,15 +60,15 @@ __device__ __forceinline__ void tma_load_box(void* destination, const CUtensorMa
       : "memory");
 }
 
-// TMA: box at (dim 0, line 0, block, group, page) of a 5-D view of a 16-bit paged cache (64 dims,
-// 8 lines of a group, blocks of 64 dims, 8-line groups of a page, pages): the box's blocks and
-// groups land [group][block][line] (dense_decode/key_tiles.cuh KeyTileParts).
-__device__ __forceinline__ void tma_load_group_box(void* destination, const CUtensorMap* map, int block, int group,
-                                                   int page, uint64_t* barrier) {
+// TMA: box at (dim, line 0, block, group, page) of a 5-D view of a paged cache (dims of a block,
+// 8 lines of a group, blocks, 8-line groups of a page, pages): the box's blocks and groups land
+// [group][block][line] (dense_decode/key_tiles.cuh GroupedTile).
+__device__ __forceinline__ void tma_load_group_box(void* destination, const CUtensorMap* map, int dim, int block,
+                                                   int group, int page, uint64_t* barrier) {
   asm volatile(
-      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %2, %3, %4, %5}], "
-      "[%6];\n" ::"r"(shared_address(destination)),
-      "l"(map), "r"(0), "r"(block), "r"(group), "r"(page), "r"(shared_address(barrier))
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], "
+      "[%7];\n" ::"r"(shared_address(destination)),
+      "l"(map), "r"(dim), "r"(0), "r"(block), "r"(group), "r"(page), "r"(shared_address(barrier))
       : "memory");
 }
 

@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       uint8_t* keys = raw_tile(tile);
       wait_for_raw_tile(tile);
       const uint64_t fp8_query_descriptor = make_descriptor_64b(query, 512);
-      const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);  // 128-byte swizzle (wide_raw_offset)
+      const uint64_t key_descriptor = make_descriptor(keys, 16, RawTileParts::group_stride(0));  // (wide_raw_offset)
       constexpr int kScoreSegments = 2, kSegmentSteps = kHeadDim / 32 / kScoreSegments;
       static_assert(kSegmentSteps * kScoreSegments * 32 == kHeadDim, "whole segments");
       // A bf16 q's low parts (lines 64..127 of each block, ~2^-4 of the high parts) go into the
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
           for (int step = 0; step < kSegmentSteps; ++step) {
             const int k = segment * kSegmentSteps + step;
             const int query_offset = (k / 2) * (Layout::kQueryLines * 64) + part * (kRowsPerTile * 64) + (k % 2) * 32;
-            const uint64_t key_step = advance_descriptor(key_descriptor, (k / 4) * kWideRawBlockBytes + (k % 4) * 32);
+            const uint64_t key_step = RawTileParts::key_descriptor(key_descriptor, k / 4, (k % 4) * 32);
             if (kQueryInRegisters && part == 0 && k < kQueryFragmentSteps) {  // (part 0: the high lines)
               // (k % ...: an index in range in the instantiations that never take this branch)
               wgmma_64x64x32_fp8_a_registers(terms, query_fragments[k % kQueryFragmentSteps], key_step,
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       // Slots past the sequence end: S's mask drops whatever they hold; the output warpgroups' V^T
       // fragments (after the publish handoff) must read zeros.
       if (valid < kTileKeys) {
-        zero_key_lines<kLatentDim / kWideRawBoxDims, kWideRawBoxDims>(keys, valid, thread_in_warpgroup, 128);
+        RawTileParts::zero_lines<kLatentDim / kWideRawBoxDims>(keys, valid, thread_in_warpgroup, 128);
         sync_named(2 + warpgroup, 128);
       }
     } else {
@@ -393,7 +393,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       // Slots past the sequence end: S's mask drops whatever they hold; O += P V (this
       // warpgroup's, and the other's after the publish handoff) must read zeros.
       if (valid < kTileKeys) {
-        KeyTileParts::zero_lines(keys, valid, thread_in_warpgroup, 128);
+        KeyTileParts::zero_lines<kDimBlocks>(keys, valid, thread_in_warpgroup, 128);
         fence_shared_for_async_proxy();
         sync_named(2 + warpgroup, 128);
       }

@@ -42,13 +42,13 @@ void require_alignment(const char* argument, const TensorView& view, int bytes) 
   }
 }
 
-// The cache's TMA descriptors (key_tiles.cuh KeyMaps), 128-byte swizzled. 16-bit caches: a 5-D
-// view (64 dims, 8 tokens of a group, 9 blocks of 64 dims, groups of a page, pages), so that one
-// box lands a part of a key tile as [group][block][token] (KeyTileParts): boxes of 4 blocks
-// (`latent`) and 1 block (`rope`), min(page, 64) tokens. FP8 caches: a 3-D view (dim, token,
-// page), boxes of 128 dims x min(page, 64) tokens for every kernel (key_tiles.cuh
-// wide_raw_offset: half the box rows of 64-dim boxes, which the TMA takes at its own pace; V^T
-// by ldmatrix.trans, fp8_fragments.cuh WideValueFragments).
+// The cache's TMA descriptors (key_tiles.cuh KeyMaps), 128-byte swizzled: 5-D views (dims of a
+// block, 8 tokens of a group, blocks, groups of a page, pages; every block's line is 128 bytes)
+// whose boxes of min(page, 64) tokens land a part of a key tile as [group][block][token]
+// (GroupedTile). 16-bit caches: blocks of 64 dims, boxes of 4 (`latent`) and 1 (`rope`). FP8
+// caches: blocks of 128 dims (half the box rows of 64-dim ones, which the TMA takes at its own
+// pace; V^T by ldmatrix.trans, fp8_fragments.cuh WideValueFragments), `latent` boxes of dims
+// 0..511, `rope` boxes of 512..639 in a view of whole rows (the 64 past the end read as zeros).
 KeyMaps make_key_maps(const TensorView& cache) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   static Encode encode = [] {
@@ -80,19 +80,21 @@ KeyMaps make_key_maps(const TensorView& cache) {
                       "): expected 16-byte aligned pages and tokens");
     }
   };
+  const cuuint64_t groups = cuuint64_t(page_size / 8), box_groups = cuuint64_t(box_tokens / 8);
+  const cuuint64_t strides[4] = {token_bytes, 128, 8 * token_bytes, page_bytes};
   KeyMaps maps{};
   if (fp8) {
-    const cuuint64_t sizes[3] = {cuuint64_t(kHeadDim), cuuint64_t(page_size), cuuint64_t(cache.size(0))};
-    const cuuint64_t strides[2] = {token_bytes, page_bytes};
-    const cuuint32_t box[3] = {cuuint32_t(kWideRawBoxDims), cuuint32_t(box_tokens), 1};
-    make(maps.latent, 3, sizes, strides, box);
-    maps.rope = maps.latent;
+    const cuuint64_t latent_sizes[5] = {128, 8, kLatentDim / 128, groups, cuuint64_t(cache.size(0))};
+    const cuuint32_t latent_box[5] = {128, 8, cuuint32_t(RawTileParts::blocks_in(0)), cuuint32_t(box_groups), 1};
+    make(maps.latent, 5, latent_sizes, strides, latent_box);
+    // Whole rows (576 dims, the one "block" a dummy): the box at dim 512 reads 576..639 as zeros.
+    const cuuint64_t rope_sizes[5] = {cuuint64_t(kHeadDim), 8, 1, groups, cuuint64_t(cache.size(0))};
+    const cuuint32_t rope_box[5] = {128, 8, 1, cuuint32_t(box_groups), 1};
+    make(maps.rope, 5, rope_sizes, strides, rope_box);
   } else {
-    const cuuint64_t sizes[5] = {64, 8, cuuint64_t(kDimBlocks), cuuint64_t(page_size / 8), cuuint64_t(cache.size(0))};
-    const cuuint64_t strides[4] = {token_bytes, 64 * element, 8 * token_bytes, page_bytes};
-    const cuuint32_t groups = cuuint32_t(box_tokens / 8);
-    const cuuint32_t latent_box[5] = {64, 8, cuuint32_t(KeyTileParts::blocks_in(0)), groups, 1};
-    const cuuint32_t rope_box[5] = {64, 8, cuuint32_t(KeyTileParts::blocks_in(2)), groups, 1};
+    const cuuint64_t sizes[5] = {64, 8, cuuint64_t(kDimBlocks), groups, cuuint64_t(cache.size(0))};
+    const cuuint32_t latent_box[5] = {64, 8, cuuint32_t(KeyTileParts::blocks_in(0)), cuuint32_t(box_groups), 1};
+    const cuuint32_t rope_box[5] = {64, 8, cuuint32_t(KeyTileParts::blocks_in(2)), cuuint32_t(box_groups), 1};
     make(maps.latent, 5, sizes, strides, latent_box);
     make(maps.rope, 5, sizes, strides, rope_box);
   }

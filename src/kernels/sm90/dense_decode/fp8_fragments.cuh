@@ -65,7 +65,7 @@ __device__ __forceinline__ void load_transposed_matrices_x4(const uint8_t* row, 
 // 2 g, 2 g + 1 (transposed_value_dim). The 128-byte swizzle puts a matrix's 8 key lines on 8
 // distinct chunks: no bank conflicts.
 struct WideValueFragments {
-  int offset[2];  // key line `lane`, M tiles 0 / 1 (tiles 2, 3: one raw block on; keys 32 h ..: + 32 h lines)
+  int offset[2];  // key line `lane`, M tiles 0 / 1 (tiles 2, 3: one raw block on; keys 32 h ..: 4 h key groups on)
 
   __device__ __forceinline__ WideValueFragments(int warpgroup, int warp, int lane) {
 #pragma unroll
@@ -83,7 +83,10 @@ struct WideValueFragments {
   __device__ __forceinline__ void load_raw(const uint8_t* raw, int tile, int half, uint32_t (&matrices)[4]) const {
     static_assert(transposed_value_dim(0, 2, 0) - transposed_value_dim(0, 0, 0) == kWideRawBoxDims,
                   "tiles 2, 3 are tiles 0, 1 one raw block on");
-    load_transposed_matrices_x4(raw + offset[tile % 2] + (tile / 2) * kWideRawBlockBytes + half * 32 * 128, matrices);
+    // (Tiles 2, 3: the next raw block of the part; keys 32 .. 63: 4 key groups on.)
+    load_transposed_matrices_x4(raw + offset[tile % 2] + (tile / 2) * (RawTileParts::block_start(1) - RawTileParts::block_start(0)) +
+                                    half * 4 * RawTileParts::group_stride(0),
+                                matrices);
   }
   // ... and their widening into the fragments.
   __device__ __forceinline__ static void widen(const uint32_t (&matrices)[4], uint32_t (&first)[4], uint32_t (&second)[4]) {

@@ -32,23 +32,26 @@ __device__ __forceinline__ int tile_offset(int line, int dim) {
   return (dim / 64) * (kLines * 128) + swizzled_offset(line, dim % 64);
 }
 
-// The 16-bit key tile's layout. Part p holds blocks [first_block(p), first_block(p) +
-// blocks_in(p)) of 64 dims at part_start(p); inside it, 8-key group g at g * blocks_in(p) KB
-// and its block i at i KB, each block's 8 lines of 128 bytes with the 128-byte swizzle on its
-// 1 KB (the wgmma layout: a block's 8-key groups are group_stride apart, wgmma's SBO).
-// Why parts of whole key groups rather than [block][64 lines]: a TMA box is written densely in
-// the order of its dimensions, so [group][block][line] is the only order in which one box
-// covers several blocks of a page; a box costs the TMA ~40 cycles besides its lines, and with
-// pages of 16 tokens a [block][line] tile took 36 boxes (3 now), which cost the compute-bound
-// 64-row kernel 30% (perf log, session 37). The parts are the latent halves that the 64-row
-// kernel's warpgroups multiply by P (one n256 wgmma each needs its 4 blocks at one stride) and
-// the rope; S starts on the first part while the rest lands.
-struct KeyTileParts {
-  static constexpr int kParts = 3;
-  __host__ __device__ static constexpr int part_of(int block) { return block < 4 ? 0 : block < 8 ? 1 : 2; }
-  __host__ __device__ static constexpr int first_block(int part) { return 4 * part; }
-  __host__ __device__ static constexpr int blocks_in(int part) { return part < 2 ? 4 : 1; }
-  __host__ __device__ static constexpr int part_start(int part) { return first_block(part) * kSwizzleBlockBytes; }
+// A key tile in shared memory as parts of whole 8-key groups. The tile's blocks (each 64 lines
+// of 128 bytes: 64 dims of a 16-bit cache, 128 of an FP8 one) are grouped into kLatentParts
+// parts of kPartBlocks blocks (the latent dims) and a last part of one block (the rope dims);
+// part p starts at part_start(p), and inside it 8-key group g lies at g * blocks_in(p) KB, its
+// block i at i KB, each block's 8 lines with the 128-byte swizzle on its 1 KB (the wgmma layout:
+// a block's 8-key groups are group_stride apart, wgmma's SBO).
+// Why whole key groups rather than [block][64 lines]: a TMA box is written densely in the order
+// of its dimensions, so [group][block][line] is the only order in which one box covers several
+// blocks of a page; the TMA takes a box at a fixed cost of ~40 cycles besides its lines, and with
+// pages of 16 tokens a [block][line] 16-bit tile took 36 boxes (3 now), which cost the
+// compute-bound 64-row kernel 30% (perf log, session 37).
+template <int kPartBlocks, int kLatentParts>
+struct GroupedTile {
+  static constexpr int kParts = kLatentParts + 1;
+  __host__ __device__ static constexpr int blocks_in(int part) { return part < kLatentParts ? kPartBlocks : 1; }
+  __host__ __device__ static constexpr int first_block(int part) { return part * kPartBlocks; }
+  __host__ __device__ static constexpr int part_of(int block) {
+    return block / kPartBlocks < kLatentParts ? block / kPartBlocks : kLatentParts;
+  }
+  __host__ __device__ static constexpr int part_start(int part) { return first_block(part) * kTileKeys * 128; }
   // Between a block's 8-key groups.
   __host__ __device__ static constexpr int group_stride(int block) { return blocks_in(part_of(block)) * 1024; }
   // Where a block's first 8-key group starts.
@@ -58,32 +61,39 @@ struct KeyTileParts {
   __host__ __device__ static constexpr int line_start(int line, int block) {
     return block_start(block) + (line / 8) * group_stride(block) + (line % 8) * 128;
   }
-  // Byte offset of element (line, dim).
-  __host__ __device__ static constexpr int offset(int line, int dim) {
-    return line_start(line, dim / 64) + (swizzled_offset(line % 8, dim % 64) - (line % 8) * 128);
+  // Byte offset of byte `byte` (of 128) of line `line` of block `block`.
+  __host__ __device__ static constexpr int offset(int line, int block, int byte) {
+    return line_start(line, block) + ((((byte / 16) ^ (line % 8)) * 16) | (byte % 16));
   }
-  // Lines [first_invalid, 64) set to zero, by `threads` threads (whole lines: the swizzle does not matter).
+  // Lines [first_invalid, 64) of the first kZeroedBlocks blocks set to zero, by `threads` threads
+  // (whole lines: the swizzle does not matter).
+  template <int kZeroedBlocks>
   __device__ __forceinline__ static void zero_lines(uint8_t* tile, int first_invalid, int thread, int threads) {
-    constexpr int kUnitsPerLine = kDimBlocks * 8;  // 16-byte units
+    constexpr int kUnitsPerLine = kZeroedBlocks * 8;  // 16-byte units
     for (int unit = thread; unit < (kTileKeys - first_invalid) * kUnitsPerLine; unit += threads) {
       const int line = first_invalid + unit / kUnitsPerLine, rest = unit % kUnitsPerLine;
       *reinterpret_cast<uint4*>(tile + line_start(line, rest / 8) + (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
     }
   }
-  // A K-major wgmma descriptor of block `block` at `byte_offset` into its lines (a k step of 16
-  // dims: 32 bytes), from `descriptor` = make_descriptor(tile, 16, group_stride(0)): the start
-  // address moves to the block and the SBO field to its part's group stride.
+  // A K-major wgmma descriptor of block `block` at `byte_offset` into its lines (a k step: 32
+  // bytes), from `descriptor` = make_descriptor(tile, 16, group_stride(0)): the start address
+  // moves to the block and the SBO field to its part's group stride.
   __device__ __forceinline__ static uint64_t key_descriptor(uint64_t descriptor, int block, int byte_offset) {
     const int64_t stride_change = (group_stride(block) - group_stride(0)) >> 4;
     return descriptor + uint64_t((block_start(block) + byte_offset) >> 4) + (uint64_t(stride_change) << 32);
   }
-  // An N/M-major descriptor (V; LBO = 1 KB between blocks, SBO = group_stride) of 16 keys from key
-  // 16 k of the latent blocks from `block`, from `descriptor` = make_descriptor(tile, 1024, group_stride(0)).
+  // An N/M-major descriptor (V; LBO = 1 KB between the blocks of a part, SBO = group_stride) of
+  // 16 keys from key 16 k of the blocks from `block`, from `descriptor` = make_descriptor(tile,
+  // 1024, group_stride(0)); for blocks of part 0's group stride.
   __device__ __forceinline__ static uint64_t value_descriptor(uint64_t descriptor, int block, int k) {
-    return descriptor + uint64_t((block_start(block) + 2 * k * group_stride(block)) >> 4);
+    return descriptor + uint64_t((block_start(block) + 2 * k * group_stride(0)) >> 4);
   }
 };
-static_assert(KeyTileParts::part_start(2) + 8 * 1024 == kTileBlockBytes, "the parts fill the 72 KB tile");
+// 16-bit key tiles: 9 blocks of 64 dims in three parts, the latent halves that each warpgroup of
+// the 64-row kernel multiplies by P (one n256 wgmma needs its 4 blocks at one stride) and the
+// rope; each lands on its own full barrier, so that S starts on the first part.
+using KeyTileParts = GroupedTile<4, 2>;
+static_assert(KeyTileParts::part_start(2) + kSwizzleBlockBytes == kTileBlockBytes, "the parts fill the 72 KB tile");
 
 // Key lines [first_invalid, 64) set to zero in the first kBlocks blocks of [64 lines][kLineBytes]
 // of a key tile (16-bit tiles: 9 blocks of 128 bytes; the narrow kernel's raw FP8 tiles: 9 of 64;
@@ -102,17 +112,19 @@ __device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid,
 // The alternating kernel's producer warpgroup (one thread of it issues the loads).
 constexpr int kAlternatingProducerThreads = 128;
 
-// The raw FP8 key tiles of both kernels: 5 blocks of [64 lines][128 bytes] with the
-// 128-byte swizzle (chunk c of line l at chunk c ^ (l % 8)), one TMA box per 128 dims and page;
-// the last block holds the rope dims 512..575 and zeros (the box reads past the row's end).
-// Boxes of 128-byte rows halve the box rows of a tile against 64-byte ones (the TMA takes box
-// rows at its own pace, ~1.1-1.5 cycles each, and the issuing thread waits: perf log, session 21).
+// The raw FP8 key tiles of both kernels: 5 blocks of 64 lines x 128 bytes (128 dims), in two
+// parts of whole 8-key groups (GroupedTile), the latent dims 0..511 and the rope block, which
+// holds dims 512..575 and zeros (its box reads past the row's end): one TMA box per part and
+// page, on one full barrier. Boxes of 128-byte rows halve the box rows of a tile against 64-byte
+// ones (the TMA takes box rows at its own pace, ~1.1-1.5 cycles each: perf log, session 21).
 constexpr int kWideRawBoxDims = 128;
 constexpr int kWideRawBlockBytes = kTileKeys * kWideRawBoxDims;                                // 8 KB
 constexpr int kWideRawStageBytes = (kHeadDim + kWideRawBoxDims - 1) / kWideRawBoxDims * kWideRawBlockBytes;  // 40 KB
+using RawTileParts = GroupedTile<kLatentDim / kWideRawBoxDims, 1>;  // dims 0..511, the rope
+static_assert(RawTileParts::part_start(1) + kWideRawBlockBytes == kWideRawStageBytes, "the parts fill the 40 KB tile");
 // Byte offset of dim `dim` of line `line` in a wide raw tile.
 __host__ __device__ constexpr int wide_raw_offset(int line, int dim) {
-  return (dim / kWideRawBoxDims) * kWideRawBlockBytes + line * 128 + ((((dim % 128) / 16) ^ (line % 8)) * 16) + dim % 16;
+  return RawTileParts::offset(line, dim / kWideRawBoxDims, dim % kWideRawBoxDims);
 }
 
 // `largest` raised to the largest |value| of the 8 bf16 values in `values`, finite ones only: an
@@ -153,11 +165,12 @@ __device__ __forceinline__ void load_query_tile(const SplitArgs& args, int batch
   sync_named(barrier, kThreads);
 }
 
-// The TMA descriptors of a launch's cache (dense_decode.cu make_key_maps). 16-bit caches: a
-// 5-D view (64 dims, 8 lines of a group, 9 blocks, groups of a page, pages) with boxes of 4 blocks
-// (`latent`: parts 0 and 1) and of 1 block (`rope`: part 2), min(page, 64) / 8 groups each.
-// FP8 caches: `latent` is a 3-D view (dim, token, page) with boxes of 128 dims x min(page, 64)
-// tokens; `rope` is unused.
+// The TMA descriptors of a launch's cache (dense_decode.cu make_key_maps): 5-D views (dims of a
+// block, 8 lines of a group, blocks, groups of a page, pages) whose boxes land a part of a tile
+// (GroupedTile): `latent` boxes of the latent parts' blocks, `rope` boxes of the rope block. For
+// 16-bit caches a block is 64 dims (boxes of 4 blocks and of 1); for FP8 caches 128 (`latent`:
+// dims 0..511 as 4 blocks; `rope`: a view of whole rows, boxes of dims 512..639, the 64 past the
+// row's end read as zeros).
 struct KeyMaps {  // (CUtensorMap carries its own alignment)
   CUtensorMap latent;
   CUtensorMap rope;
@@ -184,9 +197,8 @@ __device__ __forceinline__ void start_early_loads(const KeyMaps* maps, const Spl
 
 // Issues a split's key tiles by TMA (one thread): reads the block-table entries of a tile's
 // pages (only pages that hold keys of the sequence: entries past its end may be garbage) and
-// issues per page one box per part of a 16-bit tile (KeyTileParts), or one box per 128 dims of
-// an FP8 tile (wide_raw_offset; the last box reads dims 576..639 past the row's end as zeros),
-// counted on the part's barrier of `landed`.
+// issues per page one box per part of the tile (16-bit: KeyTileParts, each part counted on its
+// own barrier of `landed`; FP8: RawTileParts, both on one).
 template <bool kFp8Cache>
 struct KeyTileLoader {
   static constexpr int kStageStride = kFp8Cache ? kWideRawStageBytes : kTileBlockBytes;
@@ -224,17 +236,19 @@ struct KeyTileLoader {
     const int first_key = range.begin + tile * kTileKeys;
     const int boxes = boxes_of(tile);
     uint8_t* destination = stages + stage * kStageStride;
-    if constexpr (kFp8Cache) {
-      constexpr int kBlocks = kWideRawStageBytes / kWideRawBlockBytes;
-      mbarrier_arrive_expect_bytes(&landed[0], uint32_t(boxes * kBlocks * box_tokens * 128));
+    if constexpr (kFp8Cache) {  // both parts on one barrier
+      using Parts = RawTileParts;
+      const int groups = box_tokens / 8;  // 8-key groups a box
+      mbarrier_arrive_expect_bytes(&landed[0], uint32_t(boxes * (kWideRawStageBytes / kWideRawBlockBytes) * box_tokens * 128));
 #pragma unroll
       for (int box = 0; box < kMaxBoxes; ++box) {
         if (box >= boxes) break;
-        const int token = (first_key + box * box_tokens) & ((1 << args.page_shift) - 1);
+        const int group = ((first_key + box * box_tokens) & ((1 << args.page_shift) - 1)) / 8;
 #pragma unroll
-        for (int block = 0; block < kBlocks; ++block) {
-          tma_load_box(destination + block * kWideRawBlockBytes + box * box_tokens * 128, &maps->latent,
-                       block * kWideRawBoxDims, token, pages[box], &landed[0]);
+        for (int part = 0; part < Parts::kParts; ++part) {
+          tma_load_group_box(destination + Parts::part_start(part) + box * groups * Parts::blocks_in(part) * 1024,
+                             part == 0 ? &maps->latent : &maps->rope, part == 0 ? 0 : kLatentDim, 0, group,
+                             pages[box], &landed[0]);
         }
       }
     } else {
@@ -251,7 +265,7 @@ struct KeyTileLoader {
           if (box >= boxes) break;
           const int group = ((first_key + box * box_tokens) & ((1 << args.page_shift) - 1)) / 8;
           tma_load_group_box(destination + Parts::part_start(part) + box * groups * Parts::blocks_in(part) * 1024,
-                             part < 2 ? &maps->latent : &maps->rope, Parts::first_block(part), group, pages[box],
+                             part < 2 ? &maps->latent : &maps->rope, 0, Parts::first_block(part), group, pages[box],
                              &landed[part]);
         }
       }

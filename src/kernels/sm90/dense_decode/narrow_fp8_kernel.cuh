@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       static_assert(kSegmentSteps * kSegments * 32 == kHeadDim, "whole segments");
       float scores[kRows / 2];
       float terms[kSegments][kQueryLines / 2];
-      const uint64_t key_descriptor = make_descriptor(keys, 16, 1024);  // 128-byte swizzle (wide_raw_offset)
+      const uint64_t key_descriptor = make_descriptor(keys, 16, RawTileParts::group_stride(0));  // (wide_raw_offset)
 #pragma unroll
       for (int segment = 0; segment < kSegments; ++segment) {
         wgmma_fence();
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
         for (int k = 0; k < kSegmentSteps; ++k) {
           const int step = segment * kSegmentSteps + k, offset = (step % 2) * 32;
           wgmma_lines_fp8<kQueryLines>(terms[segment],
-                                       advance_descriptor(key_descriptor, (step / 4) * kWideRawBlockBytes + (step % 4) * 32),
+                                       RawTileParts::key_descriptor(key_descriptor, step / 4, (step % 4) * 32),
                                        advance_descriptor(query_descriptor, (step / 2) * (kQueryLines * 64) + offset),
                                        k > 0);
         }
@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       // Slots past the sequence end may hold NaN: S^T's mask drops them, but the output
       // warpgroup's V^T fragments (after the publish handoff, which orders these stores) must
       // read zeros (P = 0 times NaN is NaN). Only the value blocks, after S^T has read the tile.
-      if (valid < kTileKeys) zero_key_lines<kLatentDim / kWideRawBoxDims, kWideRawBoxDims>(keys, valid, threadIdx.x % 128, 128);
+      if (valid < kTileKeys) RawTileParts::zero_lines<kLatentDim / kWideRawBoxDims>(keys, valid, threadIdx.x % 128, 128);
 
       // Online softmax over keys, base 2: the tile's row maxima over this group's 4 warps, then
       // the reference through tile t, from the other group's through tile t - 1. The lazy

@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     if (valid < kTileKeys) {
 #pragma unroll
       for (int part = 1; part < Layout::kParts; ++part) wait_for_part(part);  // zeroing writes every block
-      KeyTileParts::zero_lines(keys, valid, threadIdx.x, kNarrowGroupThreads);
+      KeyTileParts::zero_lines<kDimBlocks>(keys, valid, threadIdx.x, kNarrowGroupThreads);
       fence_shared_for_async_proxy();
       sync_narrow_consumers();
     }
