@@ -14,6 +14,8 @@
 // - N-major B (tnspB = 1; e.g. V stored [key][dim], k = key, n = dim): line = k, column = n. A
 //   16-deep k step advances by 16 lines (2048 bytes); SBO = 1024 (8 k lines); LBO = the
 //   stride between 64-wide n blocks.
+// (The decode kernels' key tiles keep each 8-line group of a block on its own 1 KB but place the
+// groups further apart, SBO = the group stride: dense_decode/key_tiles.cuh GroupedTile.)
 #pragma once
 
 #include <cuda_runtime.h>

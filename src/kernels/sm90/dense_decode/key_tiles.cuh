@@ -26,7 +26,8 @@ constexpr int kDimBlocks = kHeadDim / 64;                         // 9 swizzled 
 constexpr int kTileBlockBytes = kDimBlocks * kSwizzleBlockBytes;  // 72 KB: 64 lines x 576
 
 // Byte offset of 16-bit element (line, dim) of a tile of kLines lines stored as 9 swizzled
-// blocks of 64 dims (key tiles and the alternating kernel's Q: 64 lines; the narrow kernel's Q: 16 or 32).
+// blocks of 64 dims: Q (the alternating kernel's: 64 lines; the narrow kernel's: 16 or 32). Key
+// tiles are laid out in parts of 8-key groups instead (GroupedTile).
 template <int kLines = kTileKeys>
 __device__ __forceinline__ int tile_offset(int line, int dim) {
   return (dim / 64) * (kLines * 128) + swizzled_offset(line, dim % 64);
@@ -94,20 +95,6 @@ struct GroupedTile {
 // rope; each lands on its own full barrier, so that S starts on the first part.
 using KeyTileParts = GroupedTile<4, 2>;
 static_assert(KeyTileParts::part_start(2) + kSwizzleBlockBytes == kTileBlockBytes, "the parts fill the 72 KB tile");
-
-// Key lines [first_invalid, 64) set to zero in the first kBlocks blocks of [64 lines][kLineBytes]
-// of a key tile (16-bit tiles: 9 blocks of 128 bytes; the narrow kernel's raw FP8 tiles: 9 of 64;
-// the alternating kernel's wide raw tiles: 4 value blocks of 128), by `threads` threads. Whole
-// lines, so the swizzles (which permute chunks inside a line) do not matter.
-template <int kBlocks, int kLineBytes>
-__device__ __forceinline__ void zero_key_lines(uint8_t* tile, int first_invalid, int thread, int threads) {
-  constexpr int kChunksPerLine = kLineBytes / 16, kUnitsPerLine = kBlocks * kChunksPerLine;  // 16-byte units
-  for (int unit = thread; unit < (kTileKeys - first_invalid) * kUnitsPerLine; unit += threads) {
-    const int line = first_invalid + unit / kUnitsPerLine, rest = unit % kUnitsPerLine;
-    *reinterpret_cast<uint4*>(tile + (rest / kChunksPerLine) * (kTileKeys * kLineBytes) + line * kLineBytes +
-                              (rest % kChunksPerLine) * 16) = make_uint4(0, 0, 0, 0);
-  }
-}
 
 // The alternating kernel's producer warpgroup (one thread of it issues the loads).
 constexpr int kAlternatingProducerThreads = 128;
