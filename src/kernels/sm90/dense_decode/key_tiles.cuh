@@ -1,16 +1,16 @@
 // Dense MLA decode: the key tiles the attention kernels (alternating_kernel.cuh,
 // narrow_kernel.cuh) stream, and the small pieces of tensor-core plumbing they share.
 //
-// A key tile is 64 tokens x 576 dims. 16-bit tiles live in shared memory in three parts, the
-// blocks of 64 dims {0..3}, {4..7} (the latent halves) and {8} (the rope), each [8-key group][its
-// blocks][8 lines][128 bytes] with the 128-byte swizzle (KeyTileParts; wgmma.cuh): K-major for S
-// (line = key) and, read N/M-major, V for the output; so that one TMA box per part and page
-// lands a part (KeyTileLoader). FP8 caches land as 5 blocks of [64 lines][128 bytes] (one box
-// per 128 dims and page, 128-byte swizzled: wide_raw_offset), whose V^T fragments the kernels
-// widen in registers (fp8_fragments.cuh WideValueFragments). The producer (one thread) walks
-// the block table and issues the boxes. Slots past the sequence end are zeroed in shared memory
-// before use (unused cache slots may hold NaN, pages past the end are never read), so masked
-// keys multiply finite zeros.
+// A key tile is 64 tokens x 576 dims, in shared memory in parts of whole 8-key groups
+// (GroupedTile: inside a part [8-key group][its blocks][8 lines][128 bytes], the 128-byte swizzle),
+// so that one TMA box per part and page lands a part (KeyTileLoader). 16-bit tiles
+// (KeyTileParts): blocks of 64 dims in parts {0..3}, {4..7} (the latent halves) and {8} (the
+// rope), K-major for S (line = key) and, read N/M-major, V for the output. FP8 tiles
+// (RawTileParts): blocks of 128 dims in parts {0..3} and {4} (the rope and zeros), S on e4m3
+// wgmma and V^T fragments widened in registers (fp8_fragments.cuh WideValueFragments). The
+// producer (one thread) walks the block table and issues the boxes. Slots past the sequence end
+// are zeroed in shared memory before use (unused cache slots may hold NaN, pages past the end are
+// never read), so masked keys multiply finite zeros.
 #pragma once
 
 #include <cfloat>
