@@ -1,7 +1,8 @@
 // openmla-bench: dense MLA decode (include/openmla/dense_decode.h), PERF.md cases D1-D5 with a
 // page size of 64, and a few of them again with the other page sizes the op takes (named
-// "D2 page=16 Hq=16 B=128": engines run pages of 16 to 256 tokens), each with a BF16 cache ("bf16"), an FP8 cache read by a BF16 query ("fp8"),
-// and an FP8 cache read by an FP8 query ("fp8-qkv": e4m3 tensor cores; FlashMLA's FP8 form).
+// "D2 page=16 Hq=16 B=128": engines run pages of 16 to 256 tokens), each with a BF16 cache
+// ("bf16"), an FP8 cache read by a BF16 query ("fp8"), and an FP8 cache read by an FP8 query
+// ("fp8-qkv": e4m3 tensor cores; FlashMLA's FP8 form).
 //
 // Bytes: every byte the op must read once (Q, the live KV rows = sum of seq_lens x 576
 // values, the block-table entries of the live pages, seq_lens) plus every byte it writes once
@@ -163,8 +164,8 @@ void add_dense_decode_cases(std::vector<Case>& cases) {
 
   // The other page sizes on one case of each kernel: the narrow kernels (D2 Hq16), the 64-row
   // kernel streaming (D2 Hq64) and compute-bound (D1 Hq128 B4), and the latency chain (D4 B1).
-  // A page below 64 tokens takes 64 / page boxes per 64-dim block of a tile, one above it
-  // several tiles.
+  // A tile of pages below 64 tokens takes 64 / page TMA boxes per part (perf log session 37),
+  // a page above 64 several tiles.
   std::vector<DecodeShape> paged;
   for (int64_t page_size : {16, 32, 128, 256}) {
     const std::string page = " page=" + std::to_string(page_size);
