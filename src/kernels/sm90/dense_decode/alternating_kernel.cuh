@@ -371,10 +371,10 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kLatentDim / 16; ++k) {
-        const int block = k / 4, part = KeyTileParts::part_of(block);
-        if (part > 0 && block == KeyTileParts::first_block(part) && k % 4 == 0) {  // the fence after the wait
-          wait_for_part(part);                                                    // keeps ptxas from serialising
-          wgmma_fence();                                                          // every wgmma (C7518)
+        const int block = k / 4;
+        if (k % 4 == 0 && KeyTileParts::opens_later_part(block)) {  // the fence after the wait keeps
+          wait_for_part(KeyTileParts::part_of(block));             // ptxas from serialising every
+          wgmma_fence();                                           // wgmma (C7518)
         }
         wgmma_64x64x16<kHalf>(scores, advance_descriptor(q_descriptor, block * kSwizzleBlockBytes + (k % 4) * 32),
                               KeyTileParts::key_descriptor(key_descriptor, block, (k % 4) * 32), k > 0);

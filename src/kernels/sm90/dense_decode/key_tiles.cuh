@@ -15,6 +15,7 @@
 
 #include <cfloat>
 #include <numeric>
+#include <type_traits>
 
 #include "kernels/sm90/dense_decode/split_common.cuh"
 #include "kernels/sm90/tma.cuh"
@@ -53,6 +54,10 @@ struct GroupedTile {
     return block / kPartBlocks < kLatentParts ? block / kPartBlocks : kLatentParts;
   }
   __host__ __device__ static constexpr int part_start(int part) { return first_block(part) * kTileKeys * 128; }
+  // Whether `block` opens a part after the first (where a consumer waits for that part).
+  __host__ __device__ static constexpr bool opens_later_part(int block) {
+    return block > 0 && block == first_block(part_of(block));
+  }
   // Between a block's 8-key groups.
   __host__ __device__ static constexpr int group_stride(int block) { return blocks_in(part_of(block)) * 1024; }
   // Where a block's first 8-key group starts.
@@ -219,42 +224,29 @@ struct KeyTileLoader {
   // FP8: one part).
   template <int kParts = 1>
   __device__ __forceinline__ void issue(int tile, int stage, uint64_t* landed) const {
-    static_assert(kParts == (kFp8Cache ? 1 : KeyTileParts::kParts), "the parts of the tile's layout");
+    using Parts = std::conditional_t<kFp8Cache, RawTileParts, KeyTileParts>;
+    static_assert(kParts == (kFp8Cache ? 1 : Parts::kParts), "16-bit: a barrier per part; FP8: one for the tile");
+    constexpr int kRope = Parts::kParts - 1, kBlocks = Parts::first_block(kRope) + 1;
     const int first_key = range.begin + tile * kTileKeys;
-    const int boxes = boxes_of(tile);
+    const int boxes = boxes_of(tile), groups = box_tokens / 8;  // 8-key groups a box
+#pragma unroll
+    for (int barrier = 0; barrier < kParts; ++barrier) {
+      const int blocks = kParts == 1 ? kBlocks : Parts::blocks_in(barrier);
+      mbarrier_arrive_expect_bytes(&landed[barrier], uint32_t(boxes * blocks * box_tokens * 128));
+    }
     uint8_t* destination = stages + stage * kStageStride;
-    if constexpr (kFp8Cache) {  // both parts on one barrier
-      using Parts = RawTileParts;
-      const int groups = box_tokens / 8;  // 8-key groups a box
-      mbarrier_arrive_expect_bytes(&landed[0], uint32_t(boxes * (kWideRawStageBytes / kWideRawBlockBytes) * box_tokens * 128));
+#pragma unroll
+    for (int part = 0; part < Parts::kParts; ++part) {  // part by part: a consumer may start on the first
+      // The rope part: an FP8 box reads dims 512..639 of a view of whole rows (576..639: zeros).
+      const bool fp8_rope = kFp8Cache && part == kRope;
 #pragma unroll
       for (int box = 0; box < kMaxBoxes; ++box) {
         if (box >= boxes) break;
         const int group = ((first_key + box * box_tokens) & ((1 << args.page_shift) - 1)) / 8;
-#pragma unroll
-        for (int part = 0; part < Parts::kParts; ++part) {
-          tma_load_group_box(destination + Parts::part_start(part) + box * groups * Parts::blocks_in(part) * 1024,
-                             part == 0 ? &maps->latent : &maps->rope, part == 0 ? 0 : kLatentDim, 0, group,
-                             pages[box], &landed[0]);
-        }
-      }
-    } else {
-      using Parts = KeyTileParts;
-      const int groups = box_tokens / 8;  // 8-key groups a box
-#pragma unroll
-      for (int part = 0; part < Parts::kParts; ++part) {
-        mbarrier_arrive_expect_bytes(&landed[part], uint32_t(boxes * Parts::blocks_in(part) * box_tokens * 128));
-      }
-#pragma unroll
-      for (int part = 0; part < Parts::kParts; ++part) {
-#pragma unroll
-        for (int box = 0; box < kMaxBoxes; ++box) {
-          if (box >= boxes) break;
-          const int group = ((first_key + box * box_tokens) & ((1 << args.page_shift) - 1)) / 8;
-          tma_load_group_box(destination + Parts::part_start(part) + box * groups * Parts::blocks_in(part) * 1024,
-                             part < 2 ? &maps->latent : &maps->rope, 0, Parts::first_block(part), group, pages[box],
-                             &landed[part]);
-        }
+        tma_load_group_box(destination + Parts::part_start(part) + box * groups * Parts::blocks_in(part) * 1024,
+                           part == kRope ? &maps->rope : &maps->latent, fp8_rope ? kLatentDim : 0,
+                           fp8_rope ? 0 : Parts::first_block(part), group, pages[box],
+                           &landed[kParts == 1 ? 0 : part]);
       }
     }
   }

@@ -273,10 +273,10 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int step = 0; step < kHeadDim / 16; ++step) {
-        const int block = step / 4, part = KeyTileParts::part_of(block);
-        if (part > 0 && block == KeyTileParts::first_block(part) && step % 4 == 0) {  // (the fence after the
-          wait_for_part(part);                                                       // wait keeps ptxas from
-          wgmma_fence();                                                             // serialising every wgmma: C7518)
+        const int block = step / 4;
+        if (step % 4 == 0 && KeyTileParts::opens_later_part(block)) {  // (the fence after the wait keeps
+          wait_for_part(KeyTileParts::part_of(block));                // ptxas from serialising every
+          wgmma_fence();                                              // wgmma: C7518)
         }
         wgmma_rows<kHalf, kRows>(chains[step % kChains],
                               KeyTileParts::key_descriptor(key_descriptor, block, (step % 4) * 32),
