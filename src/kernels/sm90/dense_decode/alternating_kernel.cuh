@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
           for (int step = 0; step < kSegmentSteps; ++step) {
             const int k = segment * kSegmentSteps + step;
             const int query_offset = (k / 2) * (Layout::kQueryLines * 64) + part * (kRowsPerTile * 64) + (k % 2) * 32;
-            const uint64_t key_step = RawTileParts::key_descriptor(key_descriptor, k / 4, (k % 4) * 32);
+            const uint64_t key_step = raw_key_step_descriptor(key_descriptor, k);
             if (kQueryInRegisters && part == 0 && k < kQueryFragmentSteps) {  // (part 0: the high lines)
               // (k % ...: an index in range in the instantiations that never take this branch)
               wgmma_64x64x32_fp8_a_registers(terms, query_fragments[k % kQueryFragmentSteps], key_step,

@@ -87,7 +87,7 @@ KeyMaps make_key_maps(const TensorView& cache) {
     const cuuint64_t latent_sizes[5] = {128, 8, kLatentDim / 128, groups, cuuint64_t(cache.size(0))};
     const cuuint32_t latent_box[5] = {128, 8, cuuint32_t(RawTileParts::blocks_in(0)), cuuint32_t(box_groups), 1};
     make(maps.latent, 5, latent_sizes, strides, latent_box);
-    // Whole rows (576 dims, the one "block" a dummy): the box at dim 512 reads 576..639 as zeros.
+    // Whole rows (576 dims, the one "block" a dummy): the box at dim 448 reads the row's last 128.
     const cuuint64_t rope_sizes[5] = {cuuint64_t(kHeadDim), 8, 1, groups, cuuint64_t(cache.size(0))};
     const cuuint32_t rope_box[5] = {128, 8, 1, cuuint32_t(box_groups), 1};
     make(maps.rope, 5, rope_sizes, strides, rope_box);

@@ -106,17 +106,29 @@ constexpr int kAlternatingProducerThreads = 128;
 
 // The raw FP8 key tiles of both kernels: 5 blocks of 64 lines x 128 bytes (128 dims), in two
 // parts of whole 8-key groups (GroupedTile), the latent dims 0..511 and the rope block, which
-// holds dims 512..575 and zeros (its box reads past the row's end): one TMA box per part and
-// page, on one full barrier. Boxes of 128-byte rows halve the box rows of a tile against 64-byte
-// ones (the TMA takes box rows at its own pace, ~1.1-1.5 cycles each: perf log, session 21).
+// holds dims 448..575 (the rope dims 512..575 in the second half of its lines): one TMA box per
+// part and page, on one full barrier. Boxes of 128-byte rows halve the box rows of a tile
+// against 64-byte ones (the TMA takes box rows at its own pace, ~1.1-1.5 cycles each: perf log,
+// session 21). The rope box ends at the row's end: one that read dims 512..639 (zeros past 575)
+// cost the TMA enough to slow the 16-row FP8 kernel 4% at pages of 16 tokens, 3% at 32, one such
+// box a page (perf log, session 38).
 constexpr int kWideRawBoxDims = 128;
 constexpr int kWideRawBlockBytes = kTileKeys * kWideRawBoxDims;                                // 8 KB
 constexpr int kWideRawStageBytes = (kHeadDim + kWideRawBoxDims - 1) / kWideRawBoxDims * kWideRawBlockBytes;  // 40 KB
 using RawTileParts = GroupedTile<kLatentDim / kWideRawBoxDims, 1>;  // dims 0..511, the rope
 static_assert(RawTileParts::part_start(1) + kWideRawBlockBytes == kWideRawStageBytes, "the parts fill the 40 KB tile");
-// Byte offset of dim `dim` of line `line` in a wide raw tile.
+constexpr int kRawRopeBlock = kLatentDim / kWideRawBoxDims;     // 4
+constexpr int kRawRopeFirstDim = kHeadDim - kWideRawBoxDims;    // 448: the rope block's first dim
+// Byte offset of value dim `dim` (< 512) of line `line` in a wide raw tile.
 __host__ __device__ constexpr int wide_raw_offset(int line, int dim) {
   return RawTileParts::offset(line, dim / kWideRawBoxDims, dim % kWideRawBoxDims);
+}
+// The K-major wgmma descriptor of e4m3 k step `step` (dims 32 step .. + 31, of 18) of a raw tile,
+// from `descriptor` = make_descriptor(tile, 16, RawTileParts::group_stride(0)).
+__device__ __forceinline__ uint64_t raw_key_step_descriptor(uint64_t descriptor, int step) {
+  const int dim = 32 * step, block = min(dim / kWideRawBoxDims, kRawRopeBlock);
+  const int block_first_dim = block == kRawRopeBlock ? kRawRopeFirstDim : block * kWideRawBoxDims;
+  return RawTileParts::key_descriptor(descriptor, block, dim - block_first_dim);
 }
 
 // `largest` raised to the largest |value| of the 8 bf16 values in `values`, finite ones only: an
@@ -161,8 +173,7 @@ __device__ __forceinline__ void load_query_tile(const SplitArgs& args, int batch
 // block, 8 lines of a group, blocks, groups of a page, pages) whose boxes land a part of a tile
 // (GroupedTile): `latent` boxes of the latent parts' blocks, `rope` boxes of the rope block. For
 // 16-bit caches a block is 64 dims (boxes of 4 blocks and of 1); for FP8 caches 128 (`latent`:
-// dims 0..511 as 4 blocks; `rope`: a view of whole rows, boxes of dims 512..639, the 64 past the
-// row's end read as zeros).
+// dims 0..511 as 4 blocks; `rope`: a view of whole rows, boxes of its last 128 dims, 448..575).
 struct KeyMaps {  // (CUtensorMap carries its own alignment)
   CUtensorMap latent;
   CUtensorMap rope;
@@ -237,14 +248,14 @@ struct KeyTileLoader {
     uint8_t* destination = stages + stage * kStageStride;
 #pragma unroll
     for (int part = 0; part < Parts::kParts; ++part) {  // part by part: a consumer may start on the first
-      // The rope part: an FP8 box reads dims 512..639 of a view of whole rows (576..639: zeros).
+      // The rope part: an FP8 box reads dims 448..575 of a view of whole rows (RawTileParts).
       const bool fp8_rope = kFp8Cache && part == kRope;
 #pragma unroll
       for (int box = 0; box < kMaxBoxes; ++box) {
         if (box >= boxes) break;
         const int group = ((first_key + box * box_tokens) & ((1 << args.page_shift) - 1)) / 8;
         tma_load_group_box(destination + Parts::part_start(part) + box * groups * Parts::blocks_in(part) * 1024,
-                           part == kRope ? &maps->rope : &maps->latent, fp8_rope ? kLatentDim : 0,
+                           part == kRope ? &maps->rope : &maps->latent, fp8_rope ? kRawRopeFirstDim : 0,
                            fp8_rope ? 0 : Parts::first_block(part), group, pages[box],
                            &landed[kParts == 1 ? 0 : part]);
       }

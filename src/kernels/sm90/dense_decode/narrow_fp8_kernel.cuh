@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
         for (int k = 0; k < kSegmentSteps; ++k) {
           const int step = segment * kSegmentSteps + k, offset = (step % 2) * 32;
           wgmma_lines_fp8<kQueryLines>(terms[segment],
-                                       RawTileParts::key_descriptor(key_descriptor, step / 4, (step % 4) * 32),
+                                       raw_key_step_descriptor(key_descriptor, step),
                                        advance_descriptor(query_descriptor, (step / 2) * (kQueryLines * 64) + offset),
                                        k > 0);
         }
