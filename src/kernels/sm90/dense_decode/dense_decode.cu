@@ -94,7 +94,7 @@ KeyMaps make_key_maps(const TensorView& cache) {
   } else {
     const cuuint64_t sizes[5] = {64, 8, cuuint64_t(kDimBlocks), groups, cuuint64_t(cache.size(0))};
     const cuuint32_t latent_box[5] = {64, 8, cuuint32_t(KeyTileParts::blocks_in(0)), cuuint32_t(box_groups), 1};
-    const cuuint32_t rope_box[5] = {64, 8, cuuint32_t(KeyTileParts::blocks_in(2)), cuuint32_t(box_groups), 1};
+    const cuuint32_t rope_box[5] = {64, 8, cuuint32_t(KeyTileParts::blocks_in(KeyTileParts::kParts - 1)), cuuint32_t(box_groups), 1};
     make(maps.latent, 5, sizes, strides, latent_box);
     make(maps.rope, 5, sizes, strides, rope_box);
   }

@@ -99,7 +99,7 @@ struct GroupedTile {
 // the 64-row kernel multiplies by P (one n256 wgmma needs its 4 blocks at one stride) and the
 // rope; each lands on its own full barrier, so that S starts on the first part.
 using KeyTileParts = GroupedTile<4, 2>;
-static_assert(KeyTileParts::part_start(2) + kSwizzleBlockBytes == kTileBlockBytes, "the parts fill the 72 KB tile");
+static_assert(KeyTileParts::part_start(KeyTileParts::kParts - 1) + kSwizzleBlockBytes == kTileBlockBytes, "the parts fill the 72 KB tile");
 
 // The alternating kernel's producer warpgroup (one thread of it issues the loads).
 constexpr int kAlternatingProducerThreads = 128;
