@@ -44,6 +44,7 @@ namespace {
 
 constexpr int32_t kGarbagePage = 2147480000;  // block-table padding: must never be followed
 constexpr int64_t kDim = 576, kValueDim = 512;
+constexpr int64_t kPaddedTokenStride = 640;  // 16-byte multiples in every dtype, as the TMA needs
 
 struct DecodeCase {
   int64_t batch, query_tokens, heads, max_length, page_size;
@@ -53,6 +54,10 @@ struct DecodeCase {
   bool strided_q = false;            // q inside a larger NaN buffer, batch and token dims swapped
   bool with_lse = true;
   bool cache_with_head_dim = false;  // [pages, page_size, 1, 576]
+  // The cache inside a larger NaN buffer: token rows kPaddedTokenStride elements apart and one
+  // spare token slot after each page, so that neither a token's nor a page's stride is the packed
+  // one (the TMA views take both from the tensor) and a read past a row's 576 dims meets NaN.
+  bool padded_cache = false;
   float softmax_scale = 0.1f;        // logits' spread ~1.6 with the value ranges below
   // q values times this, softmax_scale divided by it (same logits): far outside fp16's range
   // (1e5) or tiny (1e-6), for kernels that carry a bf16 q in fp16 (FP8 caches).
@@ -122,7 +127,9 @@ DecodeInputs make_inputs(const DecodeCase& c, const std::vector<int32_t>& length
   std::shuffle(page_order.begin(), page_order.end(), rng);
   inputs.block_table = HostTensor(DType::kInt32, {batch, table_width});
   std::fill_n(inputs.block_table.data<int32_t>(), batch * table_width, kGarbagePage);
-  inputs.cache = HostTensor(c.kv_dtype, {page_count, page_size, kDim});
+  const int64_t token_stride = c.padded_cache ? kPaddedTokenStride : kDim;
+  const int64_t page_stride = (c.padded_cache ? page_size + 1 : page_size) * token_stride;
+  inputs.cache = HostTensor(c.kv_dtype, {page_count, page_stride});
   poison(inputs.cache);
   std::uniform_real_distribution<double> key_value(fp8_kv ? -1 / kv_scale : -1,
                                                    fp8_kv ? 1 / kv_scale : 1);
@@ -134,8 +141,8 @@ DecodeInputs make_inputs(const DecodeCase& c, const std::vector<int32_t>& length
             page_order[next_page++];
       }
       const int64_t page = inputs.block_table.data<int32_t>()[b * table_width + t / page_size];
-      const int64_t slot = page * page_size + t % page_size;
-      for (int64_t d = 0; d < kDim; ++d) inputs.cache.set(slot * kDim + d, key_value(rng));
+      const int64_t row = page * page_stride + (t % page_size) * token_stride;
+      for (int64_t d = 0; d < kDim; ++d) inputs.cache.set(row + d, key_value(rng));
     }
   }
   inputs.seq_lens = HostTensor(DType::kInt32, {batch});
@@ -168,8 +175,9 @@ DecodeInputs make_inputs(const DecodeCase& c, const std::vector<int32_t>& length
 
   DenseDecodeParams& params = inputs.params;
   params.q = q;
-  params.kv_cache = inputs.cache.view();
+  params.kv_cache = strided_view(inputs.cache, {page_count, page_size, kDim}, {page_stride, token_stride, 1});
   if (c.cache_with_head_dim) {
+    EXPECT_FALSE(c.padded_cache) << "the 4-D cache is packed";
     params.kv_cache = TensorView::contiguous(inputs.cache.bytes.data(), c.kv_dtype,
                                              {page_count, page_size, 1, kDim});
   }
@@ -314,7 +322,7 @@ TEST(DenseDecodeHarness, InputsAreHostileAndComparisonCatchesErrors) {
 
   // NaN exactly in the slots no request uses; garbage exactly past each request's pages.
   const int64_t width = inputs.block_table.view().size(1);
-  std::vector<bool> used(size_t(inputs.cache.view().size(0) * c.page_size), false);
+  std::vector<bool> used(size_t(inputs.params.kv_cache.size(0) * c.page_size), false);
   for (int64_t b = 0; b < c.batch; ++b) {
     const int64_t pages = (lengths[size_t(b)] + c.page_size - 1) / c.page_size;
     for (int64_t p = 0; p < width; ++p) {
@@ -334,6 +342,17 @@ TEST(DenseDecodeHarness, InputsAreHostileAndComparisonCatchesErrors) {
     EXPECT_EQ(std::isnan(inputs.cache.get(int64_t(slot) * kDim)), !used[slot]) << "slot " << slot;
   }
   EXPECT_TRUE(std::isnan(inputs.q_buffer.get(kDim)));  // padding after the first q row
+
+  // A padded cache: neither stride is the packed one, and the padding after a used row is NaN.
+  DecodeCase padded = c;
+  padded.padded_cache = true;
+  const DecodeInputs padded_inputs = make_inputs(padded, lengths, rng);
+  const TensorView& cache = padded_inputs.params.kv_cache;
+  EXPECT_EQ(cache.strides[1], kPaddedTokenStride);
+  EXPECT_EQ(cache.strides[0], (c.page_size + 1) * kPaddedTokenStride);
+  const int64_t first_row = padded_inputs.block_table.data<int32_t>()[0] * cache.strides[0];
+  EXPECT_FALSE(std::isnan(padded_inputs.cache.get(first_row + kDim - 1)));
+  EXPECT_TRUE(std::isnan(padded_inputs.cache.get(first_row + kDim)));
 
   const DecodeResult reference = run_reference(inputs);
   const Comparison same = compare(inputs, reference, reference);
@@ -371,7 +390,7 @@ std::string case_name(const DecodeCase& c) {
        << (c.lse_base == LseBase::kBase2 ? "_lse2" : "") << (c.strided_q ? "_stridedq" : "")
        << (c.with_lse ? "" : "_nolse") << (c.cache_with_head_dim ? "_cache4d" : "")
        << (c.softmax_scale > 1 ? "_sharp" : "") << (c.query_magnitude > 1 ? "_hugeq" : "")
-       << (c.query_magnitude < 1 ? "_tinyq" : "");
+       << (c.query_magnitude < 1 ? "_tinyq" : "") << (c.padded_cache ? "_paddedcache" : "");
   return name.str();
 }
 
@@ -474,6 +493,9 @@ const DecodeCase kSmallCases[] = {
     // Balanced plans (132 CTAs) with requests in two splits: the alternating kernel, bf16 and FP8.
     {66, 2, 64, 140, 32, true, true},
     {66, 1, 128, 140, 64, true, false, kBf16, kFp8},
+    // Caches with padded token rows and pages (the TMA views' strides; NaN past each row's end).
+    with({2, 2, 16, 140, 16, true, true}, [](DecodeCase& c) { c.padded_cache = true; }),
+    with({2, 1, 9, 140, 32, true, false, kBf16, kFp8}, [](DecodeCase& c) { c.padded_cache = true; }),
 };
 
 const DecodeCase kCoveringCases[] = {
@@ -502,6 +524,7 @@ const DecodeCase kCoveringCases[] = {
       c.with_lse = false;
     }),
     {6, 4, 64, 140, 256, true, false},
+    with({1, 1, 128, 4096, 256, false, false}, [](DecodeCase& c) { c.padded_cache = true; }),
     // fp16 / fp16
     {6, 1, 128, 140, 32, true, true, kFp16, kFp16},
     {1, 2, 64, 4096, 256, false, false, kFp16, kFp16},
@@ -535,6 +558,7 @@ const DecodeCase kCoveringCases[] = {
     with({2, 4, 16, 4096, 32, true, true, kFp8, kFp8}, [](DecodeCase& c) { c.softmax_scale = 2.0f; }),
     with({2, 2, 16, 4096, 32, true, true, kBf16, kFp8}, [](DecodeCase& c) { c.softmax_scale = 2.0f; }),
     {4, 2, 64, 4096, 32, false, true, kFp8, kFp8},
+    with({2, 2, 64, 4096, 64, true, true, kFp8, kFp8}, [](DecodeCase& c) { c.padded_cache = true; }),
     // fp8 q (q_descale 0.02), fp8 cache
     {1, 1, 128, 4096, 64, false, false, kFp8, kFp8},
     {64, 2, 64, 140, 32, true, true, kFp8, kFp8},
@@ -645,6 +669,11 @@ TEST(DenseDecodeGpuEdges, NanQueryRowStaysNanInBalancedCombine) {
 
 // A CUDA call must bring the workspace that dense_decode_workspace_size asks for; the API
 // refuses before launching, leaving the outputs untouched.
+// Every byte still 0xff (poison): nothing was written.
+bool all_poison(const HostTensor& tensor) {
+  return std::all_of(tensor.bytes.begin(), tensor.bytes.end(), [](uint8_t byte) { return byte == 0xff; });
+}
+
 TEST(DenseDecodeGpuEdges, RejectsMissingOrShortWorkspace) {
   OPENMLA_REQUIRE_GPU();
   auto rng = make_rng();
@@ -660,11 +689,26 @@ TEST(DenseDecodeGpuEdges, RejectsMissingOrShortWorkspace) {
   params.workspace = short_workspace.view();
   expect_invalid_argument([&] { dense_decode(params); }, "workspace");
   const DecodeResult untouched = call.result(inputs);
-  auto all_poison = [](const HostTensor& tensor) {
-    return std::all_of(tensor.bytes.begin(), tensor.bytes.end(),
-                       [](uint8_t byte) { return byte == 0xff; });
-  };
   EXPECT_TRUE(all_poison(untouched.out) && all_poison(untouched.lse));
+}
+
+// A cache whose token rows are not 16-byte multiples apart cannot be described to the TMA: an
+// InvalidArgument error naming kv_cache, before any launch (the outputs stay poisoned).
+TEST(DenseDecodeGpuEdges, RejectsCacheStridesTheTmaCannotTake) {
+  OPENMLA_REQUIRE_GPU();
+  for (const DType kv_dtype : {DType::kBFloat16, DType::kFloat8E4M3}) {
+    auto rng = make_rng();
+    DecodeCase c{2, 1, 16, 140, 64, true, false, DType::kBFloat16, kv_dtype};
+    c.padded_cache = true;
+    const DecodeInputs inputs = make_inputs(c, sequence_lengths(c, rng), rng);
+    DeviceCall call(inputs, poisoned_result(inputs));
+    DenseDecodeParams params = call.params;
+    // 580 bf16 elements = 1160 bytes, 584 e4m3 = 584 bytes: both inside the padded rows.
+    params.kv_cache.strides[1] = kv_dtype == DType::kBFloat16 ? 580 : 584;
+    expect_invalid_argument([&] { dense_decode(params); }, "kv_cache");
+    const DecodeResult untouched = call.result(inputs);
+    EXPECT_TRUE(all_poison(untouched.out) && all_poison(untouched.lse));
+  }
 }
 
 // One call captured in a CUDA graph (no warm-up call of its own; global capture mode, as torch
