@@ -41,12 +41,13 @@ def _pages_of(length, page_size):
 
 def _decode_inputs(seq_lens, query_tokens, heads, page_size, q_dtype, kv_dtype, generator,
                    table_width=None, num_pages=None, cache_with_head_dim=False, key_shift=None,
-                   query_shift=None):
+                   query_shift=None, padded_cache=False):
     """CUDA q, kv_cache, block_table, seq_lens. The cache is NaN except the slots of each
     request's tokens; table_width / num_pages default to just enough plus garbage entries and
     spare pages (a graph replay passes fixed ones, so that every buffer keeps its shape).
     key_shift(positions) -> [n, 576] is added to the keys at those positions, query_shift
-    ([576]) to every query, before either is rounded to its dtype."""
+    ([576]) to every query, before either is rounded to its dtype. padded_cache: the cache is a
+    slice of a larger NaN buffer (token rows 640 elements apart, a spare slot after each page)."""
     batch = len(seq_lens)
     table_width = table_width or max(_pages_of(n, page_size) for n in seq_lens) + 2
     num_pages = num_pages or sum(_pages_of(n, page_size) for n in seq_lens) + 3
@@ -62,11 +63,15 @@ def _decode_inputs(seq_lens, query_tokens, heads, page_size, q_dtype, kv_dtype, 
     keys = torch.rand((len(slots), 576), generator=cuda_generator, device="cuda") * 2 - 1
     if key_shift is not None:
         keys += key_shift(position.cuda())
-    cache = poisoned((num_pages, page_size, 576), kv_dtype, device="cuda")
-    if kv_dtype == FP8:  # through bytes: index_put has no float8 kernel
-        cache.view(torch.uint8).view(-1, 576)[slots] = (keys / KV_SCALE).to(FP8).view(torch.uint8)
+    if padded_cache:
+        cache = poisoned((num_pages, page_size + 1, 640), kv_dtype, device="cuda")[:, :page_size, :576]
     else:
-        cache.view(-1, 576)[slots] = keys.to(kv_dtype)
+        cache = poisoned((num_pages, page_size, 576), kv_dtype, device="cuda")
+    slot_page, slot_offset = slots // page_size, slots % page_size
+    if kv_dtype == FP8:  # through bytes: index_put has no float8 kernel
+        cache.view(torch.uint8)[slot_page, slot_offset] = (keys / KV_SCALE).to(FP8).view(torch.uint8)
+    else:
+        cache[slot_page, slot_offset] = keys.to(kv_dtype)
     if cache_with_head_dim:
         cache = cache.view(num_pages, page_size, 1, 576)
 
@@ -194,6 +199,21 @@ def test_mla_decode_gpu_matches_float32_reference(generator, batch, query_tokens
     assert result is out
     expected_out, expected_lse = _reference(q, cache, block_table, lengths, causal)
     _check(out, lse, expected_out, expected_lse, base2, kv_dtype)
+
+
+@pytest.mark.parametrize("heads,kv_dtype", [
+    pytest.param(16, torch.bfloat16, id="Hq16-narrow"),
+    pytest.param(128, FP8, id="Hq128-64-row-tiles-fp8cache"),
+])
+def test_mla_decode_gpu_padded_cache_view(generator, heads, kv_dtype):
+    """A cache that is a slice of a larger buffer (what an engine holding more per token passes):
+    its strides reach the kernels' TMA views, and the NaN padding is never read."""
+    seq_lens = _lengths(8, 1000, True, 1, generator)
+    q, cache, block_table, lengths = _decode_inputs(seq_lens, 1, heads, 32, torch.bfloat16, kv_dtype,
+                                                    generator, padded_cache=True)
+    assert not cache.is_contiguous() and cache.stride()[:2] == (33 * 640, 640)
+    out, lse, expected_out, expected_lse = _decode_and_reference(q, cache, block_table, lengths)
+    _check(out, lse, expected_out, expected_lse, kv_dtype=kv_dtype)
 
 
 @pytest.mark.parametrize("heads,q_dtype", [
