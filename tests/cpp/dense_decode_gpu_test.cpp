@@ -525,11 +525,13 @@ const DecodeCase kCoveringCases[] = {
     }),
     {6, 4, 64, 140, 256, true, false},
     with({1, 1, 128, 4096, 256, false, false}, [](DecodeCase& c) { c.padded_cache = true; }),
+    with({2, 2, 64, 140, 16, true, true}, [](DecodeCase& c) { c.padded_cache = true; }),
     // fp16 / fp16
     {6, 1, 128, 140, 32, true, true, kFp16, kFp16},
     {1, 2, 64, 4096, 256, false, false, kFp16, kFp16},
     {64, 4, 3, 140, 16, true, false, kFp16, kFp16},
     {3, 1, 32, 4096, 256, false, false, kFp16, kFp16},
+    {2, 4, 64, 4096, 16, true, true, kFp16, kFp16},  // the 64-row kernel's small-page tiles, fp16
     // bf16 q, fp8 cache (kv_scale 0.05)
     {1, 1, 128, 4096, 64, false, false, kBf16, kFp8},
     with({64, 1, 16, 140, 128, true, true, kBf16, kFp8},

@@ -30,8 +30,8 @@
 // Shared memory: Q 72 KB (its rope block is reused as tile a's P buffer once the rope values
 // are in registers), two 72 KB key stages, tile b's P buffer 8 KB, maxima and factors: 226 KB.
 // Pipeline: the TMA producer of key_tiles.cuh; a stage is released when both warpgroups' O +=
-// P V of its tile are done; a 16-bit tile lands in three parts (kAlternatingKeyParts), S
-// waiting for each part in turn.
+// P V of its tile are done; a 16-bit tile lands in its parts (KeyParts: three, or two at pages
+// of 16 tokens), S waiting for each part in turn.
 //
 // FP8 caches (kRawKeys, kScoreWarpgroup). Roles: 512 threads. Warpgroup 2 (the score
 // warpgroup) computes every tile's S and softmax and publishes P (fp16), the rescale factors
@@ -95,7 +95,8 @@ constexpr int kHandoffCount = 7;
 // about as long as the rest of the pair after that release (perf log sessions 17, 18): with
 // the parts, H100 cycles (locked clocks) of D1 Hq128 B16 -3%, D3 -6%, D1 Hq32 -10%. Parts of
 // one block each were slower than three (perf log session 18).
-constexpr int kAlternatingKeyParts = KeyTileParts::kParts;
+constexpr int kAlternatingKeyParts = KeyTileParts::kParts;  // the most (SmallPageKeyTileParts: 2)
+static_assert(SmallPageKeyTileParts::kParts <= kAlternatingKeyParts, "the layout's barriers cover both tile layouts");
 
 struct AlternatingLayout {
   static constexpr int kStages = 2;  // key stages of 72 KB
@@ -176,7 +177,8 @@ constexpr int alternating_threads() {
 // warpgroups (sync_consumers, the Q load), 2 + w consumer warpgroup w alone (the score
 // warpgroup: 4), kQueryLoaded (5) the three consumer warpgroups of the FP8 roles.
 
-template <bool kHalf, bool kFp8Q, bool kFp8Cache>
+// KeyParts: the 16-bit tiles' parts (KeyTileParts; SmallPageKeyTileParts at pages of 16 tokens).
+template <bool kHalf, bool kFp8Q, bool kFp8Cache, class KeyParts = KeyTileParts>
 __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
     dense_decode_alternating_kernel(const __grid_constant__ KeyMaps maps, SplitArgs args) {
   static_assert(kHalf || !kFp8Cache, "FP8 caches compute in fp16");
@@ -205,7 +207,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
   // tile's V^T fragments in registers).
   constexpr int kStages = Layout::kStages;
   // `full`: the TMA's bytes.
-  constexpr int kKeyParts = kFp8Cache ? 1 : kAlternatingKeyParts;
+  constexpr int kKeyParts = kFp8Cache ? 1 : KeyParts::kParts;
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);  // [stage][part]
   uint64_t* empty = full + kStages * kKeyParts;
   uint64_t* handoffs = reinterpret_cast<uint64_t*>(shared + Layout::kHandoffs);
@@ -249,7 +251,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       if constexpr (kRawKeys) {
         produce_key_tiles<true, kStages>(&maps, args, table_row, range, stages, full, empty);
       } else {
-        produce_key_tiles<false, 2, 1, kKeyParts>(&maps, args, table_row, range, stages, full, empty);
+        produce_key_tiles<false, 2, 1, kKeyParts, KeyParts>(&maps, args, table_row, range, stages, full, empty);
       }
     }
     return;
@@ -365,27 +367,27 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       // wgmmas instead of hoisting them out of the loop. Together with the zeroing after S
       // (below) this made the FP8-cache kernel 2-8% faster on an H100 (D2 Hq64, D3, D1 Hq128;
       // bf16 within noise; perf log session 17).
-      uint64_t key_descriptor = make_descriptor(keys, 16, KeyTileParts::group_stride(0)),
+      uint64_t key_descriptor = make_descriptor(keys, 16, KeyParts::group_stride(0)),
                q_descriptor = query_descriptor;
       asm volatile("" : "+l"(key_descriptor), "+l"(q_descriptor));
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kLatentDim / 16; ++k) {
         const int block = k / 4;
-        if (k % 4 == 0 && KeyTileParts::opens_later_part(block)) {  // the fence after the wait keeps
-          wait_for_part(KeyTileParts::part_of(block));             // ptxas from serialising every
+        if (k % 4 == 0 && KeyParts::opens_later_part(block)) {  // the fence after the wait keeps
+          wait_for_part(KeyParts::part_of(block));             // ptxas from serialising every
           wgmma_fence();                                           // wgmma (C7518)
         }
         wgmma_64x64x16<kHalf>(scores, advance_descriptor(q_descriptor, block * kSwizzleBlockBytes + (k % 4) * 32),
-                              KeyTileParts::key_descriptor(key_descriptor, block, (k % 4) * 32), k > 0);
+                              KeyParts::key_descriptor(key_descriptor, block, (k % 4) * 32), k > 0);
       }
-      static_assert(KeyTileParts::first_block(kKeyParts - 1) == kLatentDim / 64, "the rope block is the last part");
+      static_assert(KeyParts::first_block(kKeyParts - 1) == kLatentDim / 64, "the rope block is the last part");
       wait_for_part(kKeyParts - 1);
       wgmma_fence();
 #pragma unroll
       for (int step = 0; step < kRopeSteps; ++step) {
         wgmma_64x64x16_a_registers<kHalf>(
-            scores, rope_query[step], KeyTileParts::key_descriptor(key_descriptor, kLatentDim / 64, step * 32), true);
+            scores, rope_query[step], KeyParts::key_descriptor(key_descriptor, kLatentDim / 64, step * 32), true);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -393,7 +395,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       // Slots past the sequence end: S's mask drops whatever they hold; O += P V (this
       // warpgroup's, and the other's after the publish handoff) must read zeros.
       if (valid < kTileKeys) {
-        KeyTileParts::zero_lines<kDimBlocks>(keys, valid, thread_in_warpgroup, 128);
+        KeyParts::template zero_lines<kDimBlocks>(keys, valid, thread_in_warpgroup, 128);
         fence_shared_for_async_proxy();
         sync_named(2 + warpgroup, 128);
       }
@@ -572,20 +574,20 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
   // 16-bit caches: O += P V for this warpgroup's value columns over tile `tile`, P from registers
   // or from the other warpgroup's buffer (one wgmma group; finish_value_product waits).
   auto value_product = [&](int tile, bool own) {
-    // This warpgroup's 4 value blocks are a part of the tile (KeyTileParts): 1 KB apart (LBO).
+    // This warpgroup's 4 value blocks are in one part of the tile (KeyParts): 1 KB apart (LBO).
     const uint64_t value_descriptor =
-        make_descriptor(stages + (tile % 2) * kTileBlockBytes, 1024, KeyTileParts::group_stride(0));
+        make_descriptor(stages + (tile % 2) * kTileBlockBytes, 1024, KeyParts::group_stride(0));
     const uint64_t probability_descriptor = make_descriptor(probability_buffer(tile % 2), 16, 1024);
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kTileKeys / 16; ++k) {
       if (own) {
         wgmma_64x256x16_a_registers_b_n_major<kHalf>(output, probabilities[k],
-                                                     KeyTileParts::value_descriptor(value_descriptor, value_block, k),
+                                                     KeyParts::value_descriptor(value_descriptor, value_block, k),
                                                      true);
       } else {
         wgmma_64x256x16_b_n_major<kHalf>(output, advance_descriptor(probability_descriptor, 32 * k),
-                                         KeyTileParts::value_descriptor(value_descriptor, value_block, k), true);
+                                         KeyParts::value_descriptor(value_descriptor, value_block, k), true);
       }
     }
     wgmma_commit();

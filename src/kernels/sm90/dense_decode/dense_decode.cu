@@ -49,7 +49,8 @@ void require_alignment(const char* argument, const TensorView& view, int bytes) 
 // caches: blocks of 128 dims (half the box rows of 64-dim ones, which the TMA takes at its own
 // pace; V^T by ldmatrix.trans, fp8_fragments.cuh WideValueFragments), `latent` boxes of dims
 // 0..511, `rope` boxes of 512..639 in a view of whole rows (the 64 past the end read as zeros).
-KeyMaps make_key_maps(const TensorView& cache) {
+// latent_part_blocks: the 16-bit tile's latent part (KeyParts::blocks_in(0)); FP8 tiles have one layout.
+KeyMaps make_key_maps(const TensorView& cache, int latent_part_blocks) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   static Encode encode = [] {
     void* function = nullptr;
@@ -93,7 +94,7 @@ KeyMaps make_key_maps(const TensorView& cache) {
     make(maps.rope, 5, rope_sizes, strides, rope_box);
   } else {
     const cuuint64_t sizes[5] = {64, 8, cuuint64_t(kDimBlocks), groups, cuuint64_t(cache.size(0))};
-    const cuuint32_t latent_box[5] = {64, 8, cuuint32_t(KeyTileParts::blocks_in(0)), cuuint32_t(box_groups), 1};
+    const cuuint32_t latent_box[5] = {64, 8, cuuint32_t(latent_part_blocks), cuuint32_t(box_groups), 1};
     const cuuint32_t rope_box[5] = {64, 8, cuuint32_t(KeyTileParts::blocks_in(KeyTileParts::kParts - 1)), cuuint32_t(box_groups), 1};
     make(maps.latent, 5, sizes, strides, latent_box);
     make(maps.rope, 5, sizes, strides, rope_box);
@@ -101,9 +102,10 @@ KeyMaps make_key_maps(const TensorView& cache) {
   return maps;
 }
 
+// small_page_tiles: the 64-row kernel's 16-bit tiles in SmallPageKeyTileParts (pages of 16 tokens).
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 void launch_split(const KeyMaps& maps, const SplitArgs& args, dim3 grid, cudaStream_t stream,
-                  bool programmatic) {
+                  bool programmatic, bool small_page_tiles) {
   // Not a stream operation: allowed during graph capture, and cheap enough to repeat.
   auto launch = [&](auto kernel, int threads, int bytes) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), kOp,
@@ -126,9 +128,15 @@ void launch_split(const KeyMaps& maps, const SplitArgs& args, dim3 grid, cudaStr
     } else {
       launch_narrow(std::integral_constant<int, 32>{});
     }
-  } else {  // 64-row tiles; the warpgroups take turns on the tiles (fp8 q + cache: split by role)
-    launch(dense_decode_alternating_kernel<kHalf, kFp8Q, kFp8Cache>, alternating_threads<kFp8Cache>(),
-           AlternatingLayoutOf<kFp8Q, kFp8Cache>::kLaunchBytes);
+  } else {  // 64-row tiles; the warpgroups take turns on the tiles (FP8 caches: split by role)
+    constexpr int kThreads = alternating_threads<kFp8Cache>(), kBytes = AlternatingLayoutOf<kFp8Q, kFp8Cache>::kLaunchBytes;
+    if constexpr (!kFp8Cache) {
+      if (small_page_tiles) {
+        launch(dense_decode_alternating_kernel<kHalf, false, false, SmallPageKeyTileParts>, kThreads, kBytes);
+        return;
+      }
+    }
+    launch(dense_decode_alternating_kernel<kHalf, kFp8Q, kFp8Cache>, kThreads, kBytes);
   }
 }
 
@@ -200,15 +208,19 @@ void dense_decode(const DenseDecodeParams& params) {
   // (split_common.cuh cta_work).
   const dim3 grid(unsigned(plan.row_tiles), unsigned(batch), unsigned(plan.splits));
   const cudaStream_t stream = as_cuda_stream(params.stream);
-  const KeyMaps maps = make_key_maps(cache);
+  // Pages of 16 tokens: the 64-row kernel's 16-bit tiles in two parts (fewer TMA boxes;
+  // key_tiles.cuh SmallPageKeyTileParts).
+  const bool small_page_tiles = !fp8_cache && !uses_narrow_kernel(args.rows) && cache.size(1) <= kSmallPageTokens;
+  const KeyMaps maps = make_key_maps(
+      cache, small_page_tiles ? SmallPageKeyTileParts::blocks_in(0) : KeyTileParts::blocks_in(0));
   if (half) {
-    launch_split<true, false, false>(maps, args, grid, stream, params.enable_pdl);
+    launch_split<true, false, false>(maps, args, grid, stream, params.enable_pdl, small_page_tiles);
   } else if (fp8_q) {  // S (<= 32 rows: S^T) on e4m3 tensor cores, P V in fp16
-    launch_split<true, true, true>(maps, args, grid, stream, params.enable_pdl);
+    launch_split<true, true, true>(maps, args, grid, stream, params.enable_pdl, small_page_tiles);
   } else if (fp8_cache) {
-    launch_split<true, false, true>(maps, args, grid, stream, params.enable_pdl);
+    launch_split<true, false, true>(maps, args, grid, stream, params.enable_pdl, small_page_tiles);
   } else {
-    launch_split<false, false, false>(maps, args, grid, stream, params.enable_pdl);
+    launch_split<false, false, false>(maps, args, grid, stream, params.enable_pdl, small_page_tiles);
   }
 
   // The combine kernel waits for the attention kernel's results (griddepcontrol.wait) before

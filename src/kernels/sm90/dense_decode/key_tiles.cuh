@@ -5,8 +5,9 @@
 // (GroupedTile: inside a part [8-key group][its blocks][8 lines][128 bytes], the 128-byte swizzle),
 // so that one TMA box per part and page lands a part (KeyTileLoader). 16-bit tiles
 // (KeyTileParts): blocks of 64 dims in parts {0..3}, {4..7} (the latent halves) and {8} (the
-// rope), K-major for S (line = key) and, read N/M-major, V for the output. FP8 tiles
-// (RawTileParts): blocks of 128 dims in parts {0..3} and {4} (the rope and zeros), S on e4m3
+// rope), K-major for S (line = key) and, read N/M-major, V for the output; the 64-row kernel at
+// pages of 16 tokens: {0..7} and {8} (SmallPageKeyTileParts, fewer boxes). FP8 tiles
+// (RawTileParts): blocks of 128 dims in parts {0..3} and {4} (dims 448..575), S on e4m3
 // wgmma and V^T fragments widened in registers (fp8_fragments.cuh WideValueFragments). The
 // producer (one thread) walks the block table and issues the boxes. Slots past the sequence end
 // are zeroed in shared memory before use (unused cache slots may hold NaN, pages past the end are
@@ -99,7 +100,18 @@ struct GroupedTile {
 // the 64-row kernel multiplies by P (one n256 wgmma needs its 4 blocks at one stride) and the
 // rope; each lands on its own full barrier, so that S starts on the first part.
 using KeyTileParts = GroupedTile<4, 2>;
-static_assert(KeyTileParts::part_start(KeyTileParts::kParts - 1) + kSwizzleBlockBytes == kTileBlockBytes, "the parts fill the 72 KB tile");
+// The 64-row kernel's 16-bit tiles at pages of up to kSmallPageTokens tokens: the latent blocks in
+// one part, then the rope. A tile is then 4 pages and each part costs a box per page (~40
+// cycles of the TMA's time besides its lines): 8 boxes a tile instead of 12, and the kernel's
+// refills arrive sooner: 5.6% fewer cycles at page 16 (bf16 D1 Hq128 B4). At page 32 the two
+// layouts are level, and at 64 this one takes 3% more (S waits for 8 blocks instead of 4); the
+// narrow kernel, bound by the stream, is level at every page size and keeps KeyTileParts (perf
+// log, session 38).
+using SmallPageKeyTileParts = GroupedTile<8, 1>;
+constexpr int kSmallPageTokens = 16;
+template <class Parts>
+constexpr bool fills_key_tile = Parts::part_start(Parts::kParts - 1) + kSwizzleBlockBytes == kTileBlockBytes;
+static_assert(fills_key_tile<KeyTileParts> && fills_key_tile<SmallPageKeyTileParts>, "the parts fill the 72 KB tile");
 
 // The alternating kernel's producer warpgroup (one thread of it issues the loads).
 constexpr int kAlternatingProducerThreads = 128;
@@ -200,9 +212,10 @@ __device__ __forceinline__ void start_early_loads(const KeyMaps* maps, const Spl
 
 // Issues a split's key tiles by TMA (one thread): reads the block-table entries of a tile's
 // pages (only pages that hold keys of the sequence: entries past its end may be garbage) and
-// issues per page one box per part of the tile (16-bit: KeyTileParts, each part counted on its
-// own barrier of `landed`; FP8: RawTileParts, both on one).
-template <bool kFp8Cache>
+// issues per page one box per part of the tile (16-bit: KeyParts, KeyTileParts or
+// SmallPageKeyTileParts, each part counted on its own barrier of `landed`; FP8: RawTileParts,
+// both on one).
+template <bool kFp8Cache, class KeyParts = KeyTileParts>
 struct KeyTileLoader {
   static constexpr int kStageStride = kFp8Cache ? kWideRawStageBytes : kTileBlockBytes;
   static constexpr int kMaxBoxes = kTileKeys / 16;  // pages per tile at the smallest page size
@@ -231,11 +244,11 @@ struct KeyTileLoader {
     }
   }
   // Tile `tile` (its pages read last) into stage `stage`; landed[part] counts the bytes of its
-  // part (16-bit: KeyTileParts, issued part by part so that a consumer may start on the first;
+  // part (16-bit: KeyParts, issued part by part so that a consumer may start on the first;
   // FP8: one part).
   template <int kParts = 1>
   __device__ __forceinline__ void issue(int tile, int stage, uint64_t* landed) const {
-    using Parts = std::conditional_t<kFp8Cache, RawTileParts, KeyTileParts>;
+    using Parts = std::conditional_t<kFp8Cache, RawTileParts, KeyParts>;
     static_assert(kParts == (kFp8Cache ? 1 : Parts::kParts), "16-bit: a barrier per part; FP8: one for the tile");
     constexpr int kRope = Parts::kParts - 1, kBlocks = Parts::first_block(kRope) + 1;
     const int first_key = range.begin + tile * kTileKeys;
@@ -274,12 +287,12 @@ struct KeyTileLoader {
 // tells only the two latest phases apart).
 // The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
 // kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile
-// (KeyTileParts).
-template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1>
+// (KeyParts: the 16-bit tile's layout).
+template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1, class KeyParts = KeyTileParts>
 __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
                                                   uint8_t* stages, uint64_t* full, uint64_t* empty) {
-  KeyTileLoader<kFp8Cache> loader(maps, args, table_row, range, stages);
+  KeyTileLoader<kFp8Cache, KeyParts> loader(maps, args, table_row, range, stages);
   loader.read_pages(0);
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % kStages;
