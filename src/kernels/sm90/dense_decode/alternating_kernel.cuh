@@ -375,8 +375,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       for (int k = 0; k < kLatentDim / 16; ++k) {
         const int block = k / 4;
         if (k % 4 == 0 && KeyParts::opens_later_part(block)) {  // the fence after the wait keeps
-          wait_for_part(KeyParts::part_of(block));             // ptxas from serialising every
-          wgmma_fence();                                           // wgmma (C7518)
+          wait_for_part(KeyParts::part_of(block));              // ptxas from serialising every
+          wgmma_fence();                                        // wgmma (C7518)
         }
         wgmma_64x64x16<kHalf>(scores, advance_descriptor(q_descriptor, block * kSwizzleBlockBytes + (k % 4) * 32),
                               KeyParts::key_descriptor(key_descriptor, block, (k % 4) * 32), k > 0);

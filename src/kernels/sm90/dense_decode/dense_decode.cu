@@ -45,11 +45,11 @@ void require_alignment(const char* argument, const TensorView& view, int bytes) 
 // The cache's TMA descriptors (key_tiles.cuh KeyMaps), 128-byte swizzled: 5-D views (dims of a
 // block, 8 tokens of a group, blocks, groups of a page, pages; every block's line is 128 bytes)
 // whose boxes of min(page, 64) tokens land a part of a key tile as [group][block][token]
-// (GroupedTile). 16-bit caches: blocks of 64 dims, boxes of 4 (`latent`) and 1 (`rope`). FP8
-// caches: blocks of 128 dims (half the box rows of 64-dim ones, which the TMA takes at its own
-// pace; V^T by ldmatrix.trans, fp8_fragments.cuh WideValueFragments), `latent` boxes of dims
-// 0..511, `rope` boxes of 512..639 in a view of whole rows (the 64 past the end read as zeros).
-// latent_part_blocks: the 16-bit tile's latent part (KeyParts::blocks_in(0)); FP8 tiles have one layout.
+// (GroupedTile). 16-bit caches: blocks of 64 dims, boxes of `latent_part_blocks` (the latent
+// part: 4, or 8 for SmallPageKeyTileParts) and 1 (`rope`). FP8 caches (one layout): blocks of 128
+// dims (half the box rows of 64-dim ones, which the TMA takes at its own pace; V^T by
+// ldmatrix.trans, fp8_fragments.cuh WideValueFragments), `latent` boxes of dims 0..511, `rope`
+// boxes of 448..575 in a view of whole rows (a box that crosses the view's end costs the TMA more).
 KeyMaps make_key_maps(const TensorView& cache, int latent_part_blocks) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   static Encode encode = [] {
@@ -95,7 +95,7 @@ KeyMaps make_key_maps(const TensorView& cache, int latent_part_blocks) {
   } else {
     const cuuint64_t sizes[5] = {64, 8, cuuint64_t(kDimBlocks), groups, cuuint64_t(cache.size(0))};
     const cuuint32_t latent_box[5] = {64, 8, cuuint32_t(latent_part_blocks), cuuint32_t(box_groups), 1};
-    const cuuint32_t rope_box[5] = {64, 8, cuuint32_t(KeyTileParts::blocks_in(KeyTileParts::kParts - 1)), cuuint32_t(box_groups), 1};
+    const cuuint32_t rope_box[5] = {64, 8, 1, cuuint32_t(box_groups), 1};  // the rope part: one block
     make(maps.latent, 5, sizes, strides, latent_box);
     make(maps.rope, 5, sizes, strides, rope_box);
   }
@@ -129,7 +129,8 @@ void launch_split(const KeyMaps& maps, const SplitArgs& args, dim3 grid, cudaStr
       launch_narrow(std::integral_constant<int, 32>{});
     }
   } else {  // 64-row tiles; the warpgroups take turns on the tiles (FP8 caches: split by role)
-    constexpr int kThreads = alternating_threads<kFp8Cache>(), kBytes = AlternatingLayoutOf<kFp8Q, kFp8Cache>::kLaunchBytes;
+    constexpr int kThreads = alternating_threads<kFp8Cache>();
+    constexpr int kBytes = AlternatingLayoutOf<kFp8Q, kFp8Cache>::kLaunchBytes;
     if constexpr (!kFp8Cache) {
       if (small_page_tiles) {
         launch(dense_decode_alternating_kernel<kHalf, false, false, SmallPageKeyTileParts>, kThreads, kBytes);
