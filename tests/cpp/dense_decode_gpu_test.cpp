@@ -669,13 +669,13 @@ TEST(DenseDecodeGpuEdges, NanQueryRowStaysNanInBalancedCombine) {
   }
 }
 
-// A CUDA call must bring the workspace that dense_decode_workspace_size asks for; the API
-// refuses before launching, leaving the outputs untouched.
 // Every byte still 0xff (poison): nothing was written.
 bool all_poison(const HostTensor& tensor) {
   return std::all_of(tensor.bytes.begin(), tensor.bytes.end(), [](uint8_t byte) { return byte == 0xff; });
 }
 
+// A CUDA call must bring the workspace that dense_decode_workspace_size asks for; the API
+// refuses before launching, leaving the outputs untouched.
 TEST(DenseDecodeGpuEdges, RejectsMissingOrShortWorkspace) {
   OPENMLA_REQUIRE_GPU();
   auto rng = make_rng();
