@@ -129,7 +129,7 @@ constexpr int kWideRawBlockBytes = kTileKeys * kWideRawBoxDims;                 
 constexpr int kWideRawStageBytes = (kHeadDim + kWideRawBoxDims - 1) / kWideRawBoxDims * kWideRawBlockBytes;  // 40 KB
 using RawTileParts = GroupedTile<kLatentDim / kWideRawBoxDims, 1>;  // dims 0..511, the rope
 static_assert(RawTileParts::part_start(1) + kWideRawBlockBytes == kWideRawStageBytes, "the parts fill the 40 KB tile");
-constexpr int kRawRopeBlock = kLatentDim / kWideRawBoxDims;     // 4
+constexpr int kRawRopeBlock = RawTileParts::first_block(RawTileParts::kParts - 1);  // 4
 constexpr int kRawRopeFirstDim = kHeadDim - kWideRawBoxDims;    // 448: the rope block's first dim
 // Byte offset of value dim `dim` (< 512) of line `line` in a wide raw tile.
 __host__ __device__ constexpr int wide_raw_offset(int line, int dim) {
