@@ -6,8 +6,9 @@
 // bf16 with the LSE in the requested base. Splits with l_i = -inf (no keys) are never read; a
 // row whose splits are all empty gets output 0 and LSE -inf; a NaN in any split makes the row NaN.
 //
-// dense_decode_combine_kernel (uniform plans with few rows, up to 128 splits, latency-bound):
-// a 128-thread block per (row, quarter of the 512 value columns). Every split's LSE is
+// dense_decode_combine_kernel (uniform plans with few rows, up to 128 splits, latency-bound;
+// a full and a lean form by split count, below): a 128-thread block per (row, quarter of the
+// 512 value columns). Every split's LSE is
 // read at once (one per thread) and the weights 2^(l_i - max) go to shared memory; then 4
 // groups of 32 threads each take every 4th split, a thread owning 4 columns, with all of its
 // (up to 32) 16-byte loads in flight together, and the groups' sums are added in shared
@@ -64,11 +65,22 @@ __device__ __forceinline__ float merged_lse2(bool has_nan, float max_lse, float 
   return has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
 }
 
-// (At least one block per SM, so ptxas may use the registers that 32 loads in flight need: with
-// the default bound it issued each predicated load after the sums of the previous one, a round
-// trip per split.)
-__global__ void __launch_bounds__(kCombineThreads, 1) dense_decode_combine_kernel(SplitArgs args) {
-  __shared__ float weights[kMaxDecodeSplits];  // 2^(l_i - max), 0 for an empty split
+// kMaxSplits: the plan's splits at most; each group keeps kMaxSplits / 4 loads in flight. The
+// full form (kMaxDecodeSplits) takes 184 registers, 2 blocks an SM (the launch bound of 1 block
+// lets ptxas keep 32 loads in flight: with the default bound it issued each predicated load after
+// the sums of the previous one, a round trip per split). The lean form (kCombineFewSplits: 64
+// registers, 8 blocks an SM) is for plans whose blocks would take the full form more than one
+// wave: D1 Hq16 B4's 1024 blocks of 33 splits ran in 4 waves (10 us on an H100); in one wave the
+// op is 3.5-6.3% faster (H200).
+// Where the full form fits one wave it stays: 8 blocks an SM would crowd a few hundred blocks
+// onto a quarter of the SMs (FP8 D4 B4, 256 blocks: +5% whole op on an H200).
+constexpr int kCombineFewSplits = 40;
+constexpr int kCombineBlocksPerSm = 2;  // of the full form
+template <int kMaxSplits>
+__global__ void __launch_bounds__(kCombineThreads, kMaxSplits <= kCombineFewSplits ? 8 : 1)
+    dense_decode_combine_kernel(SplitArgs args) {
+  static_assert(kMaxSplits <= kCombineThreads && kMaxSplits % kCombineGroups == 0, "one LSE per thread");
+  __shared__ float weights[kMaxSplits];  // 2^(l_i - max), 0 for an empty split
   __shared__ int max_key, has_nan;
   __shared__ float warp_weight_sums[kCombineThreads / 32];
   __shared__ float4 group_sums[kCombineGroups - 1][kCombineColumnThreads];
@@ -117,7 +129,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) dense_decode_combine_kerne
   // ~100 cycles after the previous one (D4 B1: 3400 cycles from the weights to the sums,
   // per-block clock64, perf log session 16); and the loads step from one pointer (the 64-bit
   // index chain per load was most of the kernel's code, which every block runs once, cold).
-  constexpr int kInFlight = kMaxDecodeSplits / kCombineGroups;
+  constexpr int kInFlight = kMaxSplits / kCombineGroups;
   float group_weights[kInFlight];
 #pragma unroll
   for (int i = 0; i < kInFlight; ++i) {

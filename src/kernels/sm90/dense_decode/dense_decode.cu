@@ -238,9 +238,12 @@ void dense_decode(const DenseDecodeParams& params) {
     launch_kernel(kOp, dense_decode_combine_rows_kernel<kCombineRowsMaxSplits>, dim3(unsigned(row_blocks)),
                   dim3(32 * kCombineRowsPerBlock), 0, stream, kCombineOverlaps, args);
   } else if (plan.splits > 1) {
-    launch_kernel(kOp, dense_decode_combine_kernel,
-                  dim3(unsigned(all_rows * kCombineColumnBlocks)), dim3(kCombineThreads), 0,
-                  stream, kCombineOverlaps, args);
+    // A block per row quarter; the lean form where the full one would take more than one wave.
+    const int64_t blocks = all_rows * kCombineColumnBlocks;
+    const bool lean = plan.splits <= kCombineFewSplits && blocks > kCombineBlocksPerSm * int64_t(sm_count);
+    const auto combine =
+        lean ? dense_decode_combine_kernel<kCombineFewSplits> : dense_decode_combine_kernel<int(kMaxDecodeSplits)>;
+    launch_kernel(kOp, combine, dim3(unsigned(blocks)), dim3(kCombineThreads), 0, stream, kCombineOverlaps, args);
   }
 }
 
