@@ -317,6 +317,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       wait_for_raw_tile(tile);
       const uint64_t fp8_query_descriptor = make_descriptor_64b(query, 512);
       const uint64_t key_descriptor = make_descriptor(keys, 16, RawTileParts::group_stride(0));  // (wide_raw_offset)
+      const int rope_first_dim = raw_rope_first_dim(args.page_shift);
       constexpr int kScoreSegments = 2, kSegmentSteps = kHeadDim / 32 / kScoreSegments;
       static_assert(kSegmentSteps * kScoreSegments * 32 == kHeadDim, "whole segments");
       // A bf16 q's low parts (lines 64..127 of each block, ~2^-4 of the high parts) go into the
@@ -335,7 +336,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
           for (int step = 0; step < kSegmentSteps; ++step) {
             const int k = segment * kSegmentSteps + step;
             const int query_offset = (k / 2) * (Layout::kQueryLines * 64) + part * (kRowsPerTile * 64) + (k % 2) * 32;
-            const uint64_t key_step = raw_key_step_descriptor(key_descriptor, k);
+            const uint64_t key_step = raw_key_step_descriptor(key_descriptor, k, rope_first_dim);
             if (kQueryInRegisters && part == 0 && k < kQueryFragmentSteps) {  // (part 0: the high lines)
               // (k % ...: an index in range in the instantiations that never take this branch)
               wgmma_64x64x32_fp8_a_registers(terms, query_fragments[k % kQueryFragmentSteps], key_step,

@@ -49,7 +49,7 @@ void require_alignment(const char* argument, const TensorView& view, int bytes) 
 // part: 4, or 8 for SmallPageKeyTileParts) and 1 (`rope`). FP8 caches (one layout): blocks of 128
 // dims (half the box rows of 64-dim ones, which the TMA takes at its own pace; V^T by
 // ldmatrix.trans, fp8_fragments.cuh WideValueFragments), `latent` boxes of dims 0..511, `rope`
-// boxes of 448..575 in a view of whole rows (a box that crosses the view's end costs the TMA more).
+// boxes of 128 dims in a view of whole rows, from the kernels' raw_rope_first_dim (by page size).
 KeyMaps make_key_maps(const TensorView& cache, int latent_part_blocks) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   static Encode encode = [] {
@@ -88,7 +88,8 @@ KeyMaps make_key_maps(const TensorView& cache, int latent_part_blocks) {
     const cuuint64_t latent_sizes[5] = {128, 8, kLatentDim / 128, groups, cuuint64_t(cache.size(0))};
     const cuuint32_t latent_box[5] = {128, 8, cuuint32_t(RawTileParts::blocks_in(0)), cuuint32_t(box_groups), 1};
     make(maps.latent, 5, latent_sizes, strides, latent_box);
-    // Whole rows (576 dims, the one "block" a dummy): the box at dim 448 reads the row's last 128.
+    // Whole rows (576 dims, the one "block" a dummy): boxes at dim 448 (the row's last 128) or 512
+    // (the rope, then zeros past the row's end), raw_rope_first_dim.
     const cuuint64_t rope_sizes[5] = {cuuint64_t(kHeadDim), 8, 1, groups, cuuint64_t(cache.size(0))};
     const cuuint32_t rope_box[5] = {128, 8, 1, cuuint32_t(box_groups), 1};
     make(maps.rope, 5, rope_sizes, strides, rope_box);

@@ -7,7 +7,7 @@
 // (KeyTileParts): blocks of 64 dims in parts {0..3}, {4..7} (the latent halves) and {8} (the
 // rope), K-major for S (line = key) and, read N/M-major, V for the output; the 64-row kernel at
 // pages of 16 tokens: {0..7} and {8} (SmallPageKeyTileParts, fewer boxes). FP8 tiles
-// (RawTileParts): blocks of 128 dims in parts {0..3} and {4} (dims 448..575), S on e4m3
+// (RawTileParts): blocks of 128 dims in parts {0..3} and {4} (the rope's), S on e4m3
 // wgmma and V^T fragments widened in registers (fp8_fragments.cuh WideValueFragments). The
 // producer (one thread) walks the block table and issues the boxes. Slots past the sequence end
 // are zeroed in shared memory before use (unused cache slots may hold NaN, pages past the end are
@@ -117,29 +117,37 @@ static_assert(fills_key_tile<KeyTileParts> && fills_key_tile<SmallPageKeyTilePar
 constexpr int kAlternatingProducerThreads = 128;
 
 // The raw FP8 key tiles of both kernels: 5 blocks of 64 lines x 128 bytes (128 dims), in two
-// parts of whole 8-key groups (GroupedTile), the latent dims 0..511 and the rope block, which
-// holds dims 448..575 (the rope dims 512..575 in the second half of its lines): one TMA box per
+// parts of whole 8-key groups (GroupedTile), the latent dims 0..511 and the rope block, 128 dims
+// of a view of whole rows that hold the rope dims 512..575 (raw_rope_first_dim): one TMA box per
 // part and page, on one full barrier. Boxes of 128-byte rows halve the box rows of a tile
 // against 64-byte ones (the TMA takes box rows at its own pace, ~1.1-1.5 cycles each: perf log,
-// session 21). The rope box ends at the row's end: one that read dims 512..639 (zeros past 575)
-// cost the TMA enough to slow the 16-row FP8 kernel 4% at pages of 16 tokens, 3% at 32, one such
-// box a page (perf log, session 38).
+// session 21).
 constexpr int kWideRawBoxDims = 128;
 constexpr int kWideRawBlockBytes = kTileKeys * kWideRawBoxDims;                                // 8 KB
 constexpr int kWideRawStageBytes = (kHeadDim + kWideRawBoxDims - 1) / kWideRawBoxDims * kWideRawBlockBytes;  // 40 KB
 using RawTileParts = GroupedTile<kLatentDim / kWideRawBoxDims, 1>;  // dims 0..511, the rope
 static_assert(RawTileParts::part_start(1) + kWideRawBlockBytes == kWideRawStageBytes, "the parts fill the 40 KB tile");
 constexpr int kRawRopeBlock = RawTileParts::first_block(RawTileParts::kParts - 1);  // 4
-constexpr int kRawRopeFirstDim = kHeadDim - kWideRawBoxDims;    // 448: the rope block's first dim
+// The rope block's first dim, by page size. At pages of fewer than 64 tokens, 448 (the row's last
+// 128 dims, the rope in the second half of each line): a box reaching past the row's end costs the
+// TMA extra once per page, and with 2-4 pages a tile that slowed the 16-row FP8 kernel 4% at page
+// 16 and 3% at 32 (H100, perf log session 38). From 64 tokens on, 512 (the rope, then 64 dims past
+// the row's end, which the TMA fills with zeros without reading them): the box inside the row
+// brings 64 bytes a row more into the SM, which cost the same kernel 4% on an H200 at page 64 and
+// nothing on an H100 (perf log, session 39).
+__host__ __device__ constexpr int raw_rope_first_dim(int page_shift) {
+  return page_shift < 6 ? kHeadDim - kWideRawBoxDims : kLatentDim;
+}
 // Byte offset of value dim `dim` (< 512) of line `line` in a wide raw tile.
 __host__ __device__ constexpr int wide_raw_offset(int line, int dim) {
   return RawTileParts::offset(line, dim / kWideRawBoxDims, dim % kWideRawBoxDims);
 }
 // The K-major wgmma descriptor of e4m3 k step `step` (dims 32 step .. + 31, of 18) of a raw tile,
-// from `descriptor` = make_descriptor(tile, 16, RawTileParts::group_stride(0)).
-__device__ __forceinline__ uint64_t raw_key_step_descriptor(uint64_t descriptor, int step) {
+// from `descriptor` = make_descriptor(tile, 16, RawTileParts::group_stride(0)); rope_first_dim:
+// raw_rope_first_dim of the cache's pages.
+__device__ __forceinline__ uint64_t raw_key_step_descriptor(uint64_t descriptor, int step, int rope_first_dim) {
   const int dim = 32 * step, block = min(dim / kWideRawBoxDims, kRawRopeBlock);
-  const int block_first_dim = block == kRawRopeBlock ? kRawRopeFirstDim : block * kWideRawBoxDims;
+  const int block_first_dim = block == kRawRopeBlock ? rope_first_dim : block * kWideRawBoxDims;
   return RawTileParts::key_descriptor(descriptor, block, dim - block_first_dim);
 }
 
@@ -185,7 +193,7 @@ __device__ __forceinline__ void load_query_tile(const SplitArgs& args, int batch
 // block, 8 lines of a group, blocks, groups of a page, pages) whose boxes land a part of a tile
 // (GroupedTile): `latent` boxes of the latent parts' blocks, `rope` boxes of the rope block. For
 // 16-bit caches a block is 64 dims (boxes of 4 blocks and of 1); for FP8 caches 128 (`latent`:
-// dims 0..511 as 4 blocks; `rope`: a view of whole rows, boxes of its last 128 dims, 448..575).
+// dims 0..511 as 4 blocks; `rope`: a view of whole rows, boxes of 128 dims from raw_rope_first_dim).
 struct KeyMaps {  // (CUtensorMap carries its own alignment)
   CUtensorMap latent;
   CUtensorMap rope;
@@ -261,14 +269,14 @@ struct KeyTileLoader {
     uint8_t* destination = stages + stage * kStageStride;
 #pragma unroll
     for (int part = 0; part < Parts::kParts; ++part) {  // part by part: a consumer may start on the first
-      // The rope part: an FP8 box reads dims 448..575 of a view of whole rows (RawTileParts).
+      // The rope part: an FP8 box reads 128 dims of a view of whole rows (raw_rope_first_dim).
       const bool fp8_rope = kFp8Cache && part == kRope;
 #pragma unroll
       for (int box = 0; box < kMaxBoxes; ++box) {
         if (box >= boxes) break;
         const int group = ((first_key + box * box_tokens) & ((1 << args.page_shift) - 1)) / 8;
         tma_load_group_box(destination + Parts::part_start(part) + box * groups * Parts::blocks_in(part) * 1024,
-                           part == kRope ? &maps->rope : &maps->latent, fp8_rope ? kRawRopeFirstDim : 0,
+                           part == kRope ? &maps->rope : &maps->latent, fp8_rope ? raw_rope_first_dim(args.page_shift) : 0,
                            fp8_rope ? 0 : Parts::first_block(part), group, pages[box],
                            &landed[kParts == 1 ? 0 : part]);
       }

@@ -253,6 +253,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       float scores[kRows / 2];
       float terms[kSegments][kQueryLines / 2];
       const uint64_t key_descriptor = make_descriptor(keys, 16, RawTileParts::group_stride(0));  // (wide_raw_offset)
+      const int rope_first_dim = raw_rope_first_dim(args.page_shift);
 #pragma unroll
       for (int segment = 0; segment < kSegments; ++segment) {
         wgmma_fence();
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
         for (int k = 0; k < kSegmentSteps; ++k) {
           const int step = segment * kSegmentSteps + k, offset = (step % 2) * 32;
           wgmma_lines_fp8<kQueryLines>(terms[segment],
-                                       raw_key_step_descriptor(key_descriptor, step),
+                                       raw_key_step_descriptor(key_descriptor, step, rope_first_dim),
                                        advance_descriptor(query_descriptor, (step / 2) * (kQueryLines * 64) + offset),
                                        k > 0);
         }
