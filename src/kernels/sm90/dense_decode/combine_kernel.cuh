@@ -71,9 +71,8 @@ __device__ __forceinline__ float merged_lse2(bool has_nan, float max_lse, float 
 // the sums of the previous one, a round trip per split). The lean form (kCombineFewSplits: 64
 // registers, 8 blocks an SM) is for plans whose blocks would take the full form more than one
 // wave: D1 Hq16 B4's 1024 blocks of 33 splits ran in 4 waves (10 us on an H100); in one wave the
-// op is 3.5-6.3% faster (H200).
-// Where the full form fits one wave it stays: 8 blocks an SM would crowd a few hundred blocks
-// onto a quarter of the SMs (FP8 D4 B4, 256 blocks: +5% whole op on an H200).
+// op is 3.5-6.3% faster (H200). Where the full form fits one wave it stays: 8 blocks an SM would
+// crowd a few hundred blocks onto a quarter of the SMs (FP8 D4 B4, 256 blocks: +5% on an H200).
 constexpr int kCombineFewSplits = 40;
 constexpr int kCombineBlocksPerSm = 2;  // of the full form
 template <int kMaxSplits>

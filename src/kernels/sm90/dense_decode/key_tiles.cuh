@@ -135,8 +135,10 @@ constexpr int kRawRopeBlock = RawTileParts::first_block(RawTileParts::kParts - 1
 // the row's end, which the TMA fills with zeros without reading them): the box inside the row
 // brings 64 bytes a row more into the SM, which cost the same kernel 4% on an H200 at page 64 and
 // nothing on an H100 (perf log, session 39).
+constexpr int kTileKeysShift = 6;
+static_assert(1 << kTileKeysShift == kTileKeys, "log2 of the tile's keys");
 __host__ __device__ constexpr int raw_rope_first_dim(int page_shift) {
-  return page_shift < 6 ? kHeadDim - kWideRawBoxDims : kLatentDim;
+  return page_shift < kTileKeysShift ? kHeadDim - kWideRawBoxDims : kLatentDim;  // several pages a tile?
 }
 // Byte offset of value dim `dim` (< 512) of line `line` in a wide raw tile.
 __host__ __device__ constexpr int wide_raw_offset(int line, int dim) {
@@ -276,7 +278,8 @@ struct KeyTileLoader {
         if (box >= boxes) break;
         const int group = ((first_key + box * box_tokens) & ((1 << args.page_shift) - 1)) / 8;
         tma_load_group_box(destination + Parts::part_start(part) + box * groups * Parts::blocks_in(part) * 1024,
-                           part == kRope ? &maps->rope : &maps->latent, fp8_rope ? raw_rope_first_dim(args.page_shift) : 0,
+                           part == kRope ? &maps->rope : &maps->latent,
+                           fp8_rope ? raw_rope_first_dim(args.page_shift) : 0,
                            fp8_rope ? 0 : Parts::first_block(part), group, pages[box],
                            &landed[kParts == 1 ? 0 : part]);
       }
