@@ -45,7 +45,8 @@ struct DenseDecodeParams {
 };
 
 // Scratch for split-KV partial results; depends on shapes only (B, Sq, Hq), so one
-// allocation serves every later call of the same shape, including CUDA-graph replays.
+// allocation serves every later call of the same shape, including CUDA-graph replays. Its
+// contents after a call are undefined (the combine step drops read partials from L2 unwritten).
 size_t dense_decode_workspace_size(const DenseDecodeParams& params);
 void dense_decode(const DenseDecodeParams& params);
 

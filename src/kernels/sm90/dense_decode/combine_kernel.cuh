@@ -8,8 +8,8 @@
 //
 // dense_decode_combine_kernel (uniform plans with few rows, up to 128 splits, latency-bound;
 // a full and a lean form by split count, below): a 128-thread block per (row, quarter of the
-// 512 value columns). Every split's LSE is
-// read at once (one per thread) and the weights 2^(l_i - max) go to shared memory; then 4
+// 512 value columns). Every split's LSE is read at once (one per thread) and the weights
+// 2^(l_i - max) go to shared memory; then 4
 // groups of 32 threads each take every 4th split, a thread owning 4 columns, with all of its
 // (up to 32) 16-byte loads in flight together, and the groups' sums are added in shared
 // memory. A block's time is then about two memory latencies, whatever the split count.
@@ -20,6 +20,9 @@
 // columns, the loads of 4 splits in flight at a time; 8 rows per block, so that a batch of 32K
 // rows is 4K short blocks rather than 128K (a block per row quarter took longer to schedule
 // than to run: 40-90 us of D1 Hq128 B4's whole op on an H200, session 11).
+//
+// The lean form and the warp-per-row kernel drop the partial lines they have read from L2
+// (discard_partial_line); the full form does not (its plans are latency-bound).
 //
 // Limits: splits <= kMaxDecodeSplits; value dim 512.
 #pragma once
@@ -147,7 +150,16 @@ __global__ void __launch_bounds__(kCombineThreads, kMaxSplits <= kCombineFewSpli
 #pragma unroll
   for (int i = 0; i < kInFlight; ++i) add_weighted(sum, group_weights[i], parts[i]);
   if (group > 0) group_sums[group - 1][column_thread] = sum;
-  __syncthreads();
+  __syncthreads();  // (every thread's partial loads are consumed)
+  // The lean form only: the full form serves latency-bound plans (D4 / D5), whose blocks the
+  // discards kept from ending (D4 B1 +8-12%, H100).
+  constexpr bool kDiscard = kMaxSplits <= kCombineFewSplits;
+  if (kDiscard && args.discard_read_partials && column_thread % 8 == 0) {  // 8 threads' quads: a line
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      if (group_weights[i] > 0.0f) discard_partial_line(reinterpret_cast<const float*>(first_part + i * part_step));
+    }
+  }
   if (group > 0) return;
 #pragma unroll
   for (int other = 0; other < kCombineGroups - 1; ++other) {
@@ -225,6 +237,14 @@ __global__ void __launch_bounds__(32 * kCombineRowsPerBlock) dense_decode_combin
       weight_sum += weights[j];
 #pragma unroll
       for (int quad = 0; quad < kCombineRowColumns / 4; ++quad) add_weighted(sums[quad], weights[j], parts[j][quad]);
+    }
+  }
+  if (args.discard_read_partials) {
+    __syncwarp();  // (both lanes of each line have their values)
+#pragma unroll 1
+    for (int split = 0; split < splits; ++split) {
+      const float weight = __shfl_sync(0xffffffffu, own_weight, split);
+      if (lane % 2 == 0 && weight > 0.0f) discard_partial_line(first_split + split * split_floats);
     }
   }
   const float inverse = weight_sum == 0.0f ? 0.0f : 1.0f / weight_sum;

@@ -200,6 +200,7 @@ void dense_decode(const DenseDecodeParams& params) {
   args.partial_out = workspace;
   args.partial_lse = workspace + split_rows * kLatentDim;
   args.split_counts = reinterpret_cast<int32_t*>(args.partial_lse + split_rows);
+  args.discard_read_partials = reinterpret_cast<uintptr_t>(workspace) % 128 == 0;
   args.batch = batch;
   if (batch == 0) return;
 
