@@ -9,10 +9,10 @@
 // dense_decode_combine_kernel (uniform plans with few rows, up to 128 splits, latency-bound;
 // a full and a lean form by split count, below): a 128-thread block per (row, quarter of the
 // 512 value columns). Every split's LSE is read at once (one per thread) and the weights
-// 2^(l_i - max) go to shared memory; then 4
-// groups of 32 threads each take every 4th split, a thread owning 4 columns, with all of its
-// (up to 32) 16-byte loads in flight together, and the groups' sums are added in shared
-// memory. A block's time is then about two memory latencies, whatever the split count.
+// 2^(l_i - max) go to shared memory; then 4 groups of 32 threads each take every 4th split, a
+// thread owning 4 columns, with all of its (up to 32) 16-byte loads in flight together, and the
+// groups' sums are added in shared memory. A block's time is then about two memory latencies,
+// whatever the split count.
 //
 // dense_decode_combine_rows_kernel (balanced plans: up to B x Sq x Hq rows, at most
 // kBalancedSplits splits, only for requests that used more than one; and uniform plans with
