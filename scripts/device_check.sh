@@ -35,7 +35,7 @@ if [ "${OPENMLA_SANITIZE:-1}" = "1" ]; then
   step "compute-sanitizer (GPU tests)"
   for tool in memcheck racecheck; do
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/openmla_tests" \
-        --gtest_filter="${OPENMLA_SANITIZE_FILTER:-KvCacheGpu*:NumericsGpu*:*Small/*:DenseDecodeGpuEdges*:DenseDecodeGpuGraph*}" --gtest_brief=1 \
+        --gtest_filter="${OPENMLA_SANITIZE_FILTER:-KvCacheGpu*:NumericsGpu*:*Small/*:DenseDecodeGpuEdges*:DenseDecodeGpuGraph*:DenseDecodeGpuPdl*}" --gtest_brief=1 \
         >"$out/sanitizer-$tool.txt" 2>&1 || status=1
     tail -3 "$out/sanitizer-$tool.txt" | tee -a "$log"
   done

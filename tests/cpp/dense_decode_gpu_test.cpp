@@ -62,6 +62,9 @@ struct DecodeCase {
   // q values times this, softmax_scale divided by it (same logits): far outside fp16's range
   // (1e5) or tiny (1e-6), for kernels that carry a bf16 q in fp16 (FP8 caches).
   double query_magnitude = 1;
+  // enable_pdl: a uniform plan's CTAs prefetch their first key tiles before the PDL wait, on a
+  // speculative read of seq_lens and the block table (key_tiles.cuh start_split_cta).
+  bool pdl = false;
 };
 
 int64_t uniform_int(std::mt19937_64& rng, int64_t low, int64_t high) {
@@ -188,6 +191,7 @@ DecodeInputs make_inputs(const DecodeCase& c, const std::vector<int32_t>& length
   params.q_descale = fp8_q ? q_descale : 1.0f;
   params.kv_scale = fp8_kv ? kv_scale : 1.0f;
   params.lse_base = c.lse_base;
+  params.enable_pdl = c.pdl;
   return inputs;
 }
 
@@ -390,7 +394,8 @@ std::string case_name(const DecodeCase& c) {
        << (c.lse_base == LseBase::kBase2 ? "_lse2" : "") << (c.strided_q ? "_stridedq" : "")
        << (c.with_lse ? "" : "_nolse") << (c.cache_with_head_dim ? "_cache4d" : "")
        << (c.softmax_scale > 1 ? "_sharp" : "") << (c.query_magnitude > 1 ? "_hugeq" : "")
-       << (c.query_magnitude < 1 ? "_tinyq" : "") << (c.padded_cache ? "_paddedcache" : "");
+       << (c.query_magnitude < 1 ? "_tinyq" : "") << (c.padded_cache ? "_paddedcache" : "")
+       << (c.pdl ? "_pdl" : "");
   return name.str();
 }
 
@@ -496,6 +501,12 @@ const DecodeCase kSmallCases[] = {
     // Caches with padded token rows and pages (the TMA views' strides; NaN past each row's end).
     with({2, 2, 16, 140, 16, true, true}, [](DecodeCase& c) { c.padded_cache = true; }),
     with({2, 1, 9, 140, 32, true, false, kBf16, kFp8}, [](DecodeCase& c) { c.padded_cache = true; }),
+    // With PDL (each kernel's prefetch before the wait), a padded cache at pages of 16.
+    with({2, 2, 16, 140, 16, true, true}, [](DecodeCase& c) {
+      c.padded_cache = true;
+      c.pdl = true;
+    }),
+    with({3, 1, 20, 140, 64, true, false, kBf16, kFp8}, [](DecodeCase& c) { c.pdl = true; }),
 };
 
 const DecodeCase kCoveringCases[] = {
@@ -586,6 +597,16 @@ const DecodeCase kCoveringCases[] = {
     // requests (here with many equal lengths: ties broken by index), in grid order above.
     {256, 1, 16, 140, 32, true, true},
     {300, 1, 16, 140, 64, true, false},
+    // With PDL: each kernel's first key tiles prefetched before the wait (one and two tiles a
+    // split, pages of 16 to 256), and a balanced plan (no prefetch: the ranking needs seq_lens).
+    with({1, 1, 16, 4096, 64, false, false}, [](DecodeCase& c) { c.pdl = true; }),
+    with({2, 1, 16, 4096, 256, true, false}, [](DecodeCase& c) { c.pdl = true; }),
+    with({6, 1, 1, 4096, 32, true, true}, [](DecodeCase& c) { c.pdl = true; }),
+    with({16, 1, 16, 4096, 16, true, false, kBf16, kFp8}, [](DecodeCase& c) { c.pdl = true; }),
+    with({6, 2, 16, 4096, 256, true, true, kFp8, kFp8}, [](DecodeCase& c) { c.pdl = true; }),
+    with({2, 4, 128, 4096, 16, true, true}, [](DecodeCase& c) { c.pdl = true; }),
+    with({1, 1, 128, 4096, 64, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.pdl = true; }),
+    with({130, 1, 3, 700, 16, true, false}, [](DecodeCase& c) { c.pdl = true; }),
 };
 
 std::string param_name(const ::testing::TestParamInfo<DecodeCase>& info) {
@@ -807,6 +828,52 @@ TEST(DenseDecodeGpuGraph, BalancedReplayFollowsSplitCounts) {
   };
   const int64_t width = kLongest / kPage;
   expect_replays_follow(c, sets, width, kBatch * width + 2, check_counts);
+}
+
+// With PDL, dense_decode's kernels may start while the previous kernel in the stream still
+// writes their inputs. Here that kernel writes seq_lens and the block table 100 us after letting
+// the op start, over hostile values (lengths far past the table, a negative one; garbage and
+// negative pages), so that what the CTAs prefetch before their wait (key_tiles.cuh
+// start_split_cta) follows stale values. The results must follow the new ones; and a
+// speculative read outside the table would fault (compute-sanitizer: out of bounds).
+TEST(DenseDecodeGpuPdl, InputsWrittenByThePreviousKernel) {
+  OPENMLA_REQUIRE_GPU();
+  const DecodeCase cases[] = {
+      {2, 1, 16, 4096, 64, true, false},              // narrow 16-bit kernel, 16 rows
+      {2, 2, 16, 4096, 16, true, true, kBf16, kFp8},  // narrow FP8 kernel, 32 rows, pages of 16
+      {2, 1, 128, 4096, 256, false, false},           // 64-row kernel
+      {2, 1, 16, 4096, 128, true, false, kFp8, kFp8},
+  };
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);  // blocking: ordered after cudaMemcpy
+  for (DecodeCase c : cases) {
+    c.pdl = true;
+    SCOPED_TRACE(case_name(c));
+    auto rng = make_rng();
+    const DecodeInputs inputs = make_inputs(c, sequence_lengths(c, rng), rng);
+    const DecodeResult poisoned = poisoned_result(inputs);
+    DeviceCall call(inputs, poisoned, stream);
+    // A first call loads the kernels (lazy module loading would hold the call below back until
+    // the late writes are done); then the outputs are poisoned again.
+    dense_decode(call.params);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    call.out.copy_from(poisoned.out);
+    call.lse.copy_from(poisoned.lse);
+    const DeviceTensor true_lengths(inputs.seq_lens), true_table(inputs.block_table);
+    const int64_t batch = int64_t(inputs.lengths.size()), width = inputs.block_table.numel() / batch;
+    HostTensor stale_lengths(DType::kInt32, {batch}), stale_table(DType::kInt32, {batch, width});
+    const int32_t lengths[] = {std::numeric_limits<int32_t>::max(), -7, 1 << 30};
+    for (int64_t b = 0; b < batch; ++b) stale_lengths.data<int32_t>()[b] = lengths[b % 3];
+    for (int64_t i = 0; i < batch * width; ++i) stale_table.data<int32_t>()[i] = i % 2 ? kGarbagePage : -5;
+    call.seq_lens.copy_from(stale_lengths);
+    call.block_table.copy_from(stale_table);
+    launch_late_copies(true_lengths, call.seq_lens, true_table, call.block_table, /*delay_us=*/100, stream);
+    dense_decode(call.params);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    expect_close(inputs, call.result(inputs), run_reference(inputs), tolerance_for(c));
+  }
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 #endif  // OPENMLA_WITH_CUDA

@@ -231,6 +231,12 @@ struct DeviceTensor {
               cudaSuccess);
   }
 };
+
+// Launches into `stream` a kernel that lets the next grid start at once (PDL), waits `delay_us`,
+// then copies each source's bytes onto its destination (late_writer.cu): inputs that the
+// previous kernel writes while a PDL-launched op's prologue already runs.
+void launch_late_copies(const DeviceTensor& source_a, const DeviceTensor& destination_a, const DeviceTensor& source_b,
+                        const DeviceTensor& destination_b, int delay_us, cudaStream_t stream);
 #endif
 
 }  // namespace openmla::testing

@@ -72,7 +72,6 @@
 #include "kernels/sm90/dense_decode/fp8_tiles.cuh"
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
-#include "kernels/sm90/launch_dependencies.cuh"
 
 namespace openmla::kernels::sm90 {
 
@@ -220,16 +219,12 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
   auto await = [&](int handoff, int phase) { mbarrier_wait(&handoffs[handoff], phase % 2); };
   uint8_t* stages = shared + Layout::kKeys;
 
-  // PDL: inputs may come from the previous kernel in the stream; and the combine kernel may be
-  // scheduled now (it waits for this whole grid before reading).
-  wait_for_previous_grid();
-  allow_next_grid();
-
-  const CtaWork work = cta_work(args, reinterpret_cast<int*>(stages));
-  const int tile_index = blockIdx.x, batch_index = work.batch_index, split = work.split;
+  const int tile_index = blockIdx.x;
   const int first_row = tile_index * kRowsPerTile;
   const int rows_here = min(kRowsPerTile, args.rows - first_row);
-  start_early_loads<(kFp8Q ? 1 : 2)>(&maps, args, batch_index, first_row, rows_here);
+  const CtaWork work = start_split_cta<(kFp8Q ? 1 : 2), kFp8Cache>(&maps, args, first_row, rows_here,
+                                                                            reinterpret_cast<int*>(stages));
+  const int batch_index = work.batch_index, split = work.split;
   const KeyRange range = split_key_range(args, work, first_row, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, first_row, rows_here)) return;

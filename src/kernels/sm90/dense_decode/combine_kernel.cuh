@@ -86,6 +86,7 @@ __global__ void __launch_bounds__(kCombineThreads, kMaxSplits <= kCombineFewSpli
   __shared__ int max_key, has_nan;
   __shared__ float warp_weight_sums[kCombineThreads / 32];
   __shared__ float4 group_sums[kCombineGroups - 1][kCombineColumnThreads];
+  allow_next_grid();  // (see start_split_cta: the next call's split kernel prefetches meanwhile)
   wait_for_previous_grid();  // PDL: the split kernel's partial results are complete and visible
 
   const int row_index = blockIdx.x / kCombineColumnBlocks;
@@ -194,6 +195,7 @@ constexpr int64_t kCombineRowsMinRows = 512;
 template <int kMaxSplits>
 __global__ void __launch_bounds__(32 * kCombineRowsPerBlock) dense_decode_combine_rows_kernel(SplitArgs args) {
   static_assert(kMaxSplits <= kCombineRowsMaxSplits, "one split LSE per lane");
+  allow_next_grid();
   wait_for_previous_grid();  // PDL: the split kernel's partial results and counts are visible
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kCombineRowsPerBlock + threadIdx.x / 32;  // (b, m)

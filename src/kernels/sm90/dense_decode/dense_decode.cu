@@ -168,6 +168,8 @@ void dense_decode(const DenseDecodeParams& params) {
   args.q_head = q.stride(2);
   args.block_table = params.block_table.ptr<const int32_t>();
   args.block_table_row = params.block_table.stride(0);
+  args.block_table_columns = int(params.block_table.size(1));
+  args.cache_pages = int(cache.size(0));
   args.seq_lens = params.seq_lens.ptr<const int32_t>();
   args.seq_lens_stride = params.seq_lens.stride(0);
   args.page_shift = log2_of(cache.size(1));
@@ -176,6 +178,7 @@ void dense_decode(const DenseDecodeParams& params) {
   args.rows = query_tokens * heads;
   args.splits = int(plan.splits);
   args.balanced = plan.balanced;
+  args.prefetch_before_wait = params.enable_pdl;
   args.sm_count = sm_count;
   args.causal = params.causal;
   const float q_scale = fp8_q ? params.q_descale : 1.0f;

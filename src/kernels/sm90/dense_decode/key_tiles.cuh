@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "kernels/sm90/dense_decode/split_common.cuh"
+#include "kernels/sm90/launch_dependencies.cuh"
 #include "kernels/sm90/tma.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
@@ -319,6 +320,63 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
       for (int part = 0; part < kParts; ++part) mbarrier_wait(&full[part], 0);
     }
   }
+}
+
+// A uniform plan's CTA, before the PDL wait (one thread): its first key tiles into L2, on a
+// speculative read of the request's length and the tiles' block-table entries. The previous grid
+// in the stream may still be writing them: the values only steer the prefetch (read through L2
+// only, ld.global.cg, so that no stale line stays in L1 for the reads after the wait; bounded to
+// the row's entries and the cache's pages), and the producer reads them again after the wait.
+// What it buys: the chain seq_lens -> block table -> first tile (~4 us of a D4 CTA's ~7, perf
+// log session 30) runs while the previous kernel ends (the combine step lets the next grid start
+// at its own start): a 16-bit tile's first part (what S starts on; the whole tile was slower on
+// D4 B1 / B2), an FP8 tile whole; two tiles of a split longer than two (D5's four: -3.4%), else
+// one (D4 B4's two: +2..4% with both); at most two boxes (pages), so that the code a call
+// without PDL jumps over stays short (2.5 KB; unrolled for four pages, 7 KB cost D4 without PDL
+// ~0.7% against no prefetch code, H100; a rolled loop made ptxas spill in every kernel).
+constexpr int kMaxPrefetchBoxes = 2;
+template <bool kFp8Cache>
+__device__ __forceinline__ void prefetch_first_key_tiles(const KeyMaps* maps, const SplitArgs& args, int first_row,
+                                                         int rows_here) {
+  const int batch_index = int(blockIdx.y);
+  const int length = __ldcg(args.seq_lens + batch_index * args.seq_lens_stride);
+  const KeyRange range = key_range_of(args, int(blockIdx.z), length, args.splits, first_row, rows_here);
+  const int32_t* table_row = args.block_table + batch_index * args.block_table_row;
+  const int page_tokens = 1 << args.page_shift, box_tokens = min(page_tokens, kTileKeys);
+  const int boxes = min((range.tiles > 2 ? 2 : min(range.tiles, 1)) * (kTileKeys / box_tokens), kMaxPrefetchBoxes);
+#pragma unroll
+  for (int box = 0; box < kMaxPrefetchBoxes; ++box) {
+    if (box >= boxes) break;
+    const int key = range.begin + box * box_tokens, entry = key >> args.page_shift;
+    if (unsigned(entry) >= unsigned(args.block_table_columns)) break;
+    const int page = __ldcg(table_row + entry);
+    if (unsigned(page) >= unsigned(args.cache_pages)) continue;
+    const int group = (key & (page_tokens - 1)) / 8;
+    tma_prefetch_group_box(&maps->latent, 0, 0, group, page);  // the latent part (block 0 on)
+    if constexpr (kFp8Cache) tma_prefetch_group_box(&maps->rope, raw_rope_first_dim(args.page_shift), 0, group, page);
+  }
+}
+
+// Every split kernel's prologue up to its work (all threads). A uniform plan's CTA knows its
+// request and split from its grid position, so before the PDL wait it starts what needs no
+// input the previous grid may write (start_early_loads) and, with PDL, prefetches its first key
+// tiles; a balanced plan's (cta_work ranks the requests by length) only after the wait.
+template <int kQueryElementBytes, bool kFp8Cache>
+__device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const SplitArgs& args, int first_row,
+                                                   int rows_here, int* scratch) {
+  if (!args.balanced) {
+    start_early_loads<kQueryElementBytes>(maps, args, int(blockIdx.y), first_row, rows_here);
+    if (args.prefetch_before_wait && threadIdx.x == blockDim.x - 1) {
+      prefetch_first_key_tiles<kFp8Cache>(maps, args, first_row, rows_here);
+    }
+  }
+  // PDL: inputs may come from the previous kernel in the stream; and the combine kernel may be
+  // scheduled now (it waits for this whole grid before reading).
+  wait_for_previous_grid();
+  allow_next_grid();
+  const CtaWork work = cta_work(args, scratch);
+  if (args.balanced) start_early_loads<kQueryElementBytes>(maps, args, work.batch_index, first_row, rows_here);
+  return work;
 }
 
 // Keeps the compiler from moving reads of wgmma accumulators above the wait that makes them

@@ -156,13 +156,10 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   // The parity of the phase that tile t completes on a barrier of its buffer (t % 2).
   auto phase_of = [](int tile) { return (tile / 2) % 2; };
 
-  wait_for_previous_grid();  // PDL (see alternating_kernel.cuh)
-  allow_next_grid();
-
-  const CtaWork work = cta_work(args, reinterpret_cast<int*>(stages));
-  const int batch_index = work.batch_index, split = work.split;
   const int rows_here = args.rows;  // <= kRows: one row tile
-  start_early_loads<(kFp8Q ? 1 : 2)>(&maps, args, batch_index, 0, rows_here);
+  const CtaWork work =
+      start_split_cta<(kFp8Q ? 1 : 2), true>(&maps, args, 0, rows_here, reinterpret_cast<int*>(stages));
+  const int batch_index = work.batch_index, split = work.split;
   const KeyRange range = split_key_range(args, work, 0, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;

@@ -31,7 +31,6 @@
 
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
-#include "kernels/sm90/launch_dependencies.cuh"
 
 namespace openmla::kernels::sm90 {
 
@@ -192,13 +191,9 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   uint64_t* empty = full + Layout::kStages * Layout::kParts;
   uint8_t* stages = shared + Layout::kKeys;
 
-  wait_for_previous_grid();  // PDL (see alternating_kernel.cuh)
-  allow_next_grid();
-
-  const CtaWork work = cta_work(args, reinterpret_cast<int*>(stages));
-  const int batch_index = work.batch_index, split = work.split;
   const int rows_here = args.rows;  // <= kRows: one row tile
-  start_early_loads<2>(&maps, args, batch_index, 0, rows_here);
+  const CtaWork work = start_split_cta<2, false>(&maps, args, 0, rows_here, reinterpret_cast<int*>(stages));
+  const int batch_index = work.batch_index, split = work.split;
   const KeyRange range = split_key_range(args, work, 0, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;

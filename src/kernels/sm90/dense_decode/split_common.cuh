@@ -36,12 +36,15 @@ struct SplitArgs {
   int64_t q_batch, q_token, q_head;
   const int32_t* block_table;
   int64_t block_table_row;
+  int block_table_columns;  // entries a row holds (a speculative read stays within them)
+  int cache_pages;
   const int32_t* seq_lens;
   int64_t seq_lens_stride;
   int page_shift;
   int query_tokens, heads, rows;  // rows = query_tokens * heads
   int splits;     // the grid's splits per request
   bool balanced;  // plan.balanced: each request uses 1..splits of them (split_key_range)
+  bool prefetch_before_wait;  // enable_pdl: a uniform plan's CTA prefetches its first tiles (start_split_cta)
   int sm_count;   // the plan's SM count (a balanced plan's chunk size)
   bool causal;
   float logit_scale_log2;  // softmax_scale * q_descale * kv_scale * log2(e)
@@ -272,12 +275,12 @@ struct KeyRange {
   int splits;
   bool in_use;
 };
-__device__ __forceinline__ KeyRange split_key_range(const SplitArgs& args, const CtaWork& work, int first_row,
-                                                    int rows_here) {
-  const int batch_index = work.batch_index, split = work.split;
+// The key range of a request of `length` keys; split_count: the request's (splits_of_request).
+__device__ __forceinline__ KeyRange key_range_of(const SplitArgs& args, int split, int length, int split_count,
+                                                 int first_row, int rows_here) {
   KeyRange range;
-  range.length = args.seq_lens[batch_index * args.seq_lens_stride];
-  range.splits = splits_of_request(args, key_tiles_of(range.length), work.lengths_even);
+  range.length = length;
+  range.splits = split_count;
   range.in_use = split < range.splits;
   const int last_token = (first_row + rows_here - 1) / args.heads;
   const int visible_max = args.causal ? min(range.length, range.length - args.query_tokens + last_token + 1)
@@ -287,6 +290,14 @@ __device__ __forceinline__ KeyRange split_key_range(const SplitArgs& args, const
   range.begin = split * per_split;
   range.end = min(visible_max, range.begin + per_split);
   range.tiles = range.in_use && range.end > range.begin ? key_tiles_of(range.end - range.begin) : 0;
+  return range;
+}
+__device__ __forceinline__ KeyRange split_key_range(const SplitArgs& args, const CtaWork& work, int first_row,
+                                                    int rows_here) {
+  const int batch_index = work.batch_index, split = work.split;
+  const int length = args.seq_lens[batch_index * args.seq_lens_stride];
+  const KeyRange range = key_range_of(args, split, length, splits_of_request(args, key_tiles_of(length), work.lengths_even),
+                                      first_row, rows_here);
   // The combine step's count (one writer per request: row tile 0 of split 0).
   if (args.balanced && blockIdx.x == 0 && split == 0 && threadIdx.x == 0) {
     args.split_counts[batch_index] = range.splits;
