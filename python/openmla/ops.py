@@ -58,7 +58,9 @@ def mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal=False, 
     block_table [B, max_pages] int32, seq_lens [B] int32 (new tokens included).
     workspace: uint8 of get_mla_decode_workspace_size() bytes; allocated per call when None.
     enable_pdl: launch with programmatic dependent launch (Hopper): the attention kernel may
-    start while the previous kernel in the stream finishes. (The combine step, where there is
+    start while the previous kernel in the stream finishes, and prefetches its first key tiles
+    into L2 meanwhile (it reads every input only after waiting for that kernel); the op's last
+    kernel lets the next PDL-launched kernel start early. (The combine step, where there is
     one, always overlaps the attention kernel so.) No effect on CPU.
     fp8 q with an fp8 cache and Sq * Hq > 32 runs on FP8 tensor cores with the probabilities
     rounded to e4m3 (about 1.5-2% relative error on the output beyond the fp8 inputs' own, up

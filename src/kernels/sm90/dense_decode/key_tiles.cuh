@@ -9,9 +9,10 @@
 // pages of 16 tokens: {0..7} and {8} (SmallPageKeyTileParts, fewer boxes). FP8 tiles
 // (RawTileParts): blocks of 128 dims in parts {0..3} and {4} (the rope's), S on e4m3
 // wgmma and V^T fragments widened in registers (fp8_fragments.cuh WideValueFragments). The
-// producer (one thread) walks the block table and issues the boxes. Slots past the sequence end
-// are zeroed in shared memory before use (unused cache slots may hold NaN, pages past the end are
-// never read), so masked keys multiply finite zeros.
+// producer (one thread) walks the block table and issues the boxes (with PDL, a split's first
+// boxes are also prefetched into L2 before the PDL wait: start_split_cta). Slots past the
+// sequence end are zeroed in shared memory before use (unused cache slots may hold NaN, pages
+// past the end are never read), so masked keys multiply finite zeros.
 #pragma once
 
 #include <cfloat>
@@ -327,13 +328,13 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
 // in the stream may still be writing them: the values only steer the prefetch (read through L2
 // only, ld.global.cg, so that no stale line stays in L1 for the reads after the wait; bounded to
 // the row's entries and the cache's pages), and the producer reads them again after the wait.
-// What it buys: the chain seq_lens -> block table -> first tile (~4 us of a D4 CTA's ~7, perf
+// What it buys: the chain seq_lens -> block table -> first tile (~4 us of a D4 CTA's ~8.6, perf
 // log session 30) runs while the previous kernel ends (the combine step lets the next grid start
 // at its own start): a 16-bit tile's first part (what S starts on; the whole tile was slower on
-// D4 B1 / B2), an FP8 tile whole; two tiles of a split longer than two (D5's four: -3.4%), else
-// one (D4 B4's two: +2..4% with both); at most two boxes (pages), so that the code a call
-// without PDL jumps over stays short (2.5 KB; unrolled for four pages, 7 KB cost D4 without PDL
-// ~0.7% against no prefetch code, H100; a rolled loop made ptxas spill in every kernel).
+// D4 B1 / B2), an FP8 tile whole; two tiles of a split longer than two (D5's four: -3.6..5.6%),
+// else one (D4 B4's two: +1..4% with both; H100, perf log session 40). At most two boxes (pages),
+// unrolled: a rolled loop made ptxas spill in every kernel, and unrolled for a tile of four pages
+// this was 7 KB of code before the wait.
 constexpr int kMaxPrefetchBoxes = 2;
 template <bool kFp8Cache>
 __device__ __forceinline__ void prefetch_first_key_tiles(const KeyMaps* maps, const SplitArgs& args, int first_row,
