@@ -6,7 +6,8 @@
 // every cache slot no request uses (spare pages, and slots past seq_len in a last page),
 // 2147480000 in block-table entries past each request's pages, pages in a random order,
 // zero-length requests and (with causal, Sq > 1) requests shorter than Sq, whose first query
-// tokens see no key at all. Outputs and the workspace start as NaN.
+// tokens see no key at all. Outputs and the workspace start as NaN. Some cases launch with PDL,
+// and one test has the previous kernel write seq_lens and the block table late (DenseDecodeGpuPdl).
 //
 // The shapes form a covering design over B {1, 2, 6, 64}, Sq {1, 2, 4, 8}, Lk {20, 140, 4096},
 // Hq {1, 3, 9, 16, 63, 64, 126, 128}, varlen, causal, page size {16..256} and the four dtype

@@ -73,7 +73,7 @@ __device__ __forceinline__ void tma_load_group_box(void* destination, const CUte
 }
 
 // The same box into L2 only: a hint that nothing waits for (dense_decode/key_tiles.cuh
-// prefetch_first_key_tile).
+// prefetch_first_key_tiles).
 __device__ __forceinline__ void tma_prefetch_group_box(const CUtensorMap* map, int dim, int block, int group, int page) {
   asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];\n" ::"l"(map), "r"(dim),
                "r"(0), "r"(block), "r"(group), "r"(page)
