@@ -23,6 +23,9 @@
 //
 // The lean form and the warp-per-row kernel drop the partial lines they have read from L2
 // (discard_partial_line); the full form does not (its plans are latency-bound).
+// PDL: each kernel lets the next grid in the stream start at its entry, before its own wait for
+// the split kernel (the next call's split kernel then prefetches its first key tiles meanwhile:
+// key_tiles.cuh start_split_cta); the next grid still waits for this one before using its output.
 //
 // Limits: splits <= kMaxDecodeSplits; value dim 512.
 #pragma once
