@@ -7,6 +7,8 @@
 #   scripts/ncu_sass_stalls.sh KERNEL_REGEX CASE [TOP]
 #
 # Writes $OUT/stalls.txt (the table) and $OUT/stalls-sass.csv.gz (every instruction's samples).
+# NCU_CACHE_CONTROL=none keeps the caches as the launches before left them (ncu's default, all,
+# flushes them first: every instruction is then fetched from DRAM).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 regex="$1" case="$2" top="${3:-40}"
@@ -16,7 +18,8 @@ mkdir -p "$out"
 build_tree . build-ncu "$out/ncu-build.txt" openmla-bench ||
   { echo "build failed"; tail -30 "$out/ncu-build.txt"; exit 1; }
 rm -f /tmp/stalls.ncu-rep
-timeout 300 ncu --kernel-name "regex:$regex" --launch-skip 5 --launch-count 1 --section SourceCounters \
+timeout 300 ncu --kernel-name "regex:$regex" --launch-skip 5 --launch-count 1 \
+    --cache-control "${NCU_CACHE_CONTROL:-all}" --section SourceCounters \
     --section WarpStateStats -o /tmp/stalls build-ncu/bench/openmla-bench --quick --filter "$case" >/dev/null 2>&1
 ncu --import /tmp/stalls.ncu-rep --page source --csv --print-source sass >"$out/stalls-sass.csv" 2>&1
 ncu --import /tmp/stalls.ncu-rep --section WarpStateStats --print-details all >"$out/stalls.txt" 2>&1
