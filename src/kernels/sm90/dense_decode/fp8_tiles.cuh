@@ -39,8 +39,8 @@ __device__ __forceinline__ void split_into_e4m3x4(const float (&values)[4], uint
 // The tile's query rows as the e4m3 operand of S (the 64-row kernel, fp8 q: 64 lines) or S^T
 // (the narrow kernel: kRows = 16 / 32 lines, 2 kRows when split): 9 blocks of [lines][64 bytes], 64-byte swizzled (raw_fp8_offset), by
 // kThreads threads, which then meet at named barrier `barrier`; rows past rows_here are zeros.
-// kThreads / kRows consecutive threads share a row (its loads are contiguous, its maximum a few
-// shuffles).
+// kThreads / kRows consecutive threads share a row (QueryRowThreads: its loads are contiguous,
+// its maximum a few shuffles).
 // - fp8 q (kSplit false): copied as it is, kRows lines.
 // - bf16 q (kSplit true): 2 kRows lines, line r the high e4m3 parts of row r and line kRows + r
 //   the low ones (split_into_e4m3x4), after scaling the row by 2^-s so that its largest finite
@@ -49,34 +49,35 @@ __device__ __forceinline__ void split_into_e4m3x4(const float (&values)[4], uint
 template <int kRows, int kThreads, bool kSplit>
 __device__ __forceinline__ void load_e4m3_query_rows(const SplitArgs& args, int batch_index, int first_row,
                                                      int rows_here, uint8_t* query, float* row_factors, int barrier) {
-  constexpr int kThreadsPerRow = kThreads / kRows, kUnits = kHeadDim / 8 / kThreadsPerRow;  // 8-dim units
-  static_assert(kThreadsPerRow * kRows == kThreads && kUnits * kThreadsPerRow * 8 == kHeadDim, "whole units");
+  using Rows = QueryRowThreads<kRows, kThreads>;
+  constexpr int kThreadsPerRow = Rows::kThreadsPerRow, kUnits = Rows::kUnits;
   constexpr int kLines = kSplit ? 2 * kRows : kRows;
-  const int thread = threadIdx.x % kThreads, row = thread / kThreadsPerRow, lead = thread % kThreadsPerRow;
-  const bool present = row < rows_here;
-  const int64_t row_offset = present ? query_row_offset(args, batch_index, first_row + row) : 0;
-  auto dim_of = [&](int j) { return 8 * (lead + kThreadsPerRow * j); };
+  const Rows rows(args, batch_index, first_row, rows_here, threadIdx.x % kThreads);
   if constexpr (!kSplit) {
     uint2 bytes[kUnits];
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
-      bytes[j] = present ? *reinterpret_cast<const uint2*>(args.q + row_offset + dim_of(j)) : make_uint2(0, 0);
+      bytes[j] = rows.present ? *reinterpret_cast<const uint2*>(args.q + rows.row_offset + rows.dim_of(j))
+                              : make_uint2(0, 0);
     }
 #pragma unroll
-    for (int j = 0; j < kUnits; ++j) *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(row, dim_of(j))) = bytes[j];
+    for (int j = 0; j < kUnits; ++j) {
+      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(rows.row, rows.dim_of(j))) = bytes[j];
+    }
   } else {
     uint4 values[kUnits];
     float largest = 0.0f;
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
-      values[j] = present ? *reinterpret_cast<const uint4*>(args.q + 2 * (row_offset + dim_of(j))) : make_uint4(0, 0, 0, 0);
+      values[j] = rows.present ? *reinterpret_cast<const uint4*>(args.q + 2 * (rows.row_offset + rows.dim_of(j)))
+                               : make_uint4(0, 0, 0, 0);
       raise_to_largest_finite_bf16(largest, values[j]);
     }
 #pragma unroll
     for (int mask = 1; mask < kThreadsPerRow; mask *= 2) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, mask));
     const int shift = largest > 0.0f ? max(-126, ilogbf(largest) - 7) : 0;
     const float down = __int_as_float((127 - shift) << 23);  // 2^-shift, exact
-    if (lead == 0) row_factors[row] = __int_as_float((127 + shift) << 23);
+    if (rows.lead == 0) row_factors[rows.row] = __int_as_float((127 + shift) << 23);
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
       const uint32_t words[4] = {values[j].x, values[j].y, values[j].z, values[j].w};
@@ -89,8 +90,9 @@ __device__ __forceinline__ void load_e4m3_query_rows(const SplitArgs& args, int 
                                  __uint_as_float(words[2 * half + 1] & 0xffff0000u) * down};
         split_into_e4m3x4(scaled, high[half], low[half]);
       }
-      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(row, dim_of(j))) = make_uint2(high[0], high[1]);
-      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(kRows + row, dim_of(j))) = make_uint2(low[0], low[1]);
+      const int dim = rows.dim_of(j);
+      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(rows.row, dim)) = make_uint2(high[0], high[1]);
+      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(kRows + rows.row, dim)) = make_uint2(low[0], low[1]);
     }
   }
   fence_shared_for_async_proxy();

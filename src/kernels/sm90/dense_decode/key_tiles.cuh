@@ -170,24 +170,17 @@ __device__ __forceinline__ void raise_to_largest_finite_bf16(float& largest, con
 // The tile's query rows into the swizzled layout (kLines lines; a 16-bit q for a 16-bit cache),
 // by `kThreads` threads that then meet at named barrier `barrier` (rows past rows_here are
 // zeros). All of a thread's loads are in flight at once (cp.async): Q is every CTA's fixed cost.
-// kThreads / kLines consecutive threads share a row (8 at 16 lines: each of its 128-byte lines is
-// one load instruction of 8 threads), so a thread works out one row offset, whose division by the
-// head count is ~20 instructions. (Per 16-byte unit, as before session 41, that was ~650 of the
-// ~2300 instructions a D4 CTA of the 16-row kernel runs once, each fetched cold: an H100 streams
-// code that misses its SM's instruction cache at ~2.4 cycles an instruction, perf log session 41.)
+// kThreads / kLines consecutive threads share a row (QueryRowThreads).
 template <int kLines, int kThreads>
 __device__ __forceinline__ void load_query_tile(const SplitArgs& args, int batch_index, int first_row, int rows_here,
                                                 uint8_t* query, int barrier) {
-  constexpr int kThreadsPerRow = kThreads / kLines, kUnits = kHeadDim / 8 / kThreadsPerRow;  // 8-dim units
-  static_assert(kThreadsPerRow * kLines == kThreads && kUnits * kThreadsPerRow * 8 == kHeadDim, "whole units");
-  const int row = threadIdx.x / kThreadsPerRow, lead = threadIdx.x % kThreadsPerRow;
-  const bool present = row < rows_here;
-  const uint8_t* source = args.q + 2 * (present ? query_row_offset(args, batch_index, first_row + row) : 0);
+  const QueryRowThreads<kLines, kThreads> rows(args, batch_index, first_row, rows_here, threadIdx.x);
+  const uint8_t* source = args.q + 2 * rows.row_offset;
 #pragma unroll
-  for (int j = 0; j < kUnits; ++j) {
-    const int dim = 8 * (lead + kThreadsPerRow * j);
-    uint8_t* destination = query + tile_offset<kLines>(row, dim);
-    if (present) {
+  for (int j = 0; j < rows.kUnits; ++j) {
+    const int dim = rows.dim_of(j);
+    uint8_t* destination = query + tile_offset<kLines>(rows.row, dim);
+    if (rows.present) {
       copy_async_16(destination, source + 2 * dim);
     } else {
       *reinterpret_cast<uint4*>(destination) = make_uint4(0, 0, 0, 0);
