@@ -267,6 +267,34 @@ def test_mla_decode_gpu_fp8_cache_coherent_values(generator, batch, query_tokens
     _check(out, lse, expected_out, expected_lse, kv_dtype=FP8)
 
 
+@pytest.mark.parametrize("heads,kv_dtype", [
+    pytest.param(16, torch.bfloat16, id="Hq16-narrow"),
+    pytest.param(128, torch.bfloat16, id="Hq128-64-row-tiles"),
+    pytest.param(16, FP8, id="Hq16-narrow-fp8cache"),
+    pytest.param(128, FP8, id="Hq128-64-row-tiles-fp8cache"),
+])
+def test_mla_decode_gpu_nonfinite_query_rows(generator, heads, kv_dtype):
+    """A bf16 q row holding an inf or a NaN (in a latent or a rope dim) gives that row NaN in
+    every output value and its LSE, as the softmax of its logits is, and leaves every other row
+    right. With an fp8 cache the kernels scale each q row into e4m3's range and split it into two
+    e4m3 parts; a non-finite value must neither vanish in the scaling (satfinite makes inf 448)
+    nor disturb the other rows. Requests 1 and 3 are split (long), 0 and 2 are not."""
+    seq_lens = [300, 9000, 700, 12000]
+    q, cache, block_table, lengths = _decode_inputs(seq_lens, 1, heads, 64, torch.bfloat16, kv_dtype,
+                                                    generator)
+    poisoned_rows = [(0, 3, 17, math.inf), (1, heads - 1, 300, math.nan), (2, 0, 570, -math.inf),
+                     (3, 5, 511, math.inf)]
+    for request, head, dim, value in poisoned_rows:
+        q[request, 0, head, dim] = value
+    out, lse, expected_out, expected_lse = _decode_and_reference(q, cache, block_table, lengths)
+    bad = torch.zeros(q.shape[:3], dtype=torch.bool, device="cuda")
+    for request, head, _, _ in poisoned_rows:
+        bad[request, 0, head] = True
+        assert out[request, 0, head].isnan().all(), f"request {request} head {head}: output not all NaN"
+        assert lse[request, 0, head].isnan(), f"request {request} head {head}: LSE not NaN"
+    _check(out[~bad], lse[~bad], expected_out[~bad], expected_lse[~bad], kv_dtype=kv_dtype)
+
+
 def test_mla_decode_gpu_with_pdl_matches_float32_reference(generator):
     """enable_pdl=True, few requests and long sequences: the keys are split, so the combine
     step (launched as a programmatic dependent of the attention kernel) must wait for every

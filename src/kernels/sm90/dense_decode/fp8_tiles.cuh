@@ -16,24 +16,28 @@
 
 namespace openmla::kernels::sm90 {
 
-// Four floats (already scaled into e4m3's range) as e4m3 high parts and the e4m3 rounding of what
-// they leave, first value in the low byte: high + low keeps ~8 significant bits (bf16's), and
-// S = K (high + low) takes two e4m3 products where one 16-bit product would need every key
-// fragment widened. An inf becomes NaN (the row's logits are NaN, as with the 16-bit math).
-__device__ __forceinline__ void split_into_e4m3x4(const float (&values)[4], uint32_t& high, uint32_t& low) {
-  high = low = 0;
-#pragma unroll
-  for (int pair = 0; pair < 2; ++pair) {
-    float first = values[2 * pair], second = values[2 * pair + 1];
-    first = fabsf(first) <= FLT_MAX ? first : NAN;  // satfinite would make inf 448
-    second = fabsf(second) <= FLT_MAX ? second : NAN;
-    const __nv_fp8x2_storage_t top = __nv_cvt_float2_to_fp8x2(make_float2(first, second), __NV_SATFINITE, __NV_E4M3);
-    const float2 rounded = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(top, __NV_E4M3)));
-    const __nv_fp8x2_storage_t rest = __nv_cvt_float2_to_fp8x2(
-        make_float2(first - rounded.x, second - rounded.y), __NV_SATFINITE, __NV_E4M3);
-    high |= uint32_t(top) << (16 * pair);
-    low |= uint32_t(rest) << (16 * pair);
-  }
+// The largest |x| over two bf16x2 words and `running`, per 16-bit half, as bits: |x|'s bits order
+// as |x| does, with inf and NaN (0x7f80 and up) above every finite value, so one unsigned 16x2
+// maximum of three (a DPX instruction) does what a float max, a finiteness test and a select per
+// value did.
+__device__ __forceinline__ uint32_t largest_magnitude_bits(uint32_t first, uint32_t second, uint32_t running) {
+  return __vimax3_u16x2(first & 0x7fff7fffu, second & 0x7fff7fffu, running);
+}
+
+// A bf16x2 word times `down` (a power of 2 that brings the row into e4m3's range; bf16x2, so the
+// product is one exact instruction) as e4m3 high parts and the e4m3 rounding of what they leave,
+// first value in the low byte: high + low keeps ~8 significant bits (bf16's), and S = K (high +
+// low) takes two e4m3 products where one 16-bit product would need every key fragment widened.
+// The remainder is taken in f16x2, which holds the scaled value exactly down to 2^-14 (below it,
+// the low part's e4m3 resolution, 2^-9, drops it anyway). Finite rows only: a row with an inf or
+// NaN is made NaN by its row factor (load_e4m3_query_rows).
+__device__ __forceinline__ void split_into_e4m3x2(uint32_t word, uint32_t down, uint16_t& high, uint16_t& low) {
+  uint32_t scaled;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(scaled) : "r"(word), "r"(down));
+  const __half2 exact = __floats2half2_rn(__uint_as_float(scaled << 16), __uint_as_float(scaled & 0xffff0000u));
+  high = __nv_cvt_halfraw2_to_fp8x2(__half2_raw(exact), __NV_SATFINITE, __NV_E4M3);
+  const __half2 rest = __hsub2(exact, __half2(__nv_cvt_fp8x2_to_halfraw2(high, __NV_E4M3)));
+  low = __nv_cvt_halfraw2_to_fp8x2(__half2_raw(rest), __NV_SATFINITE, __NV_E4M3);
 }
 
 // The tile's query rows as the e4m3 operand of S (the 64-row kernel, fp8 q: 64 lines) or S^T
@@ -43,9 +47,10 @@ __device__ __forceinline__ void split_into_e4m3x4(const float (&values)[4], uint
 // its maximum a few shuffles).
 // - fp8 q (kSplit false): copied as it is, kRows lines.
 // - bf16 q (kSplit true): 2 kRows lines, line r the high e4m3 parts of row r and line kRows + r
-//   the low ones (split_into_e4m3x4), after scaling the row by 2^-s so that its largest finite
-//   |q| lies in [128, 256) (per row: a tiny row beside a huge one keeps its precision);
-//   row_factors[r] = 2^s, which its logits must be multiplied by.
+//   the low ones (split_into_e4m3x2), after scaling the row by 2^-s so that its largest |q| lies
+//   in [128, 256) (per row: a tiny row beside a huge one keeps its precision); row_factors[r] =
+//   2^s, which its logits must be multiplied by. A row with an inf or NaN gets factor NaN: its
+//   logits are NaN, as the 16-bit math makes them.
 template <int kRows, int kThreads, bool kSplit>
 __device__ __forceinline__ void load_e4m3_query_rows(const SplitArgs& args, int batch_index, int first_row,
                                                      int rows_here, uint8_t* query, float* row_factors, int barrier) {
@@ -66,33 +71,32 @@ __device__ __forceinline__ void load_e4m3_query_rows(const SplitArgs& args, int 
     }
   } else {
     uint4 values[kUnits];
-    float largest = 0.0f;
+    uint32_t largest = 0;  // per 16-bit half (largest_magnitude_bits)
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
       values[j] = rows.present ? *reinterpret_cast<const uint4*>(args.q + 2 * (rows.row_offset + rows.dim_of(j)))
                                : make_uint4(0, 0, 0, 0);
-      raise_to_largest_finite_bf16(largest, values[j]);
+      largest = largest_magnitude_bits(values[j].x, values[j].y, largest);
+      largest = largest_magnitude_bits(values[j].z, values[j].w, largest);
     }
+    largest = max(largest & 0xffffu, largest >> 16);
 #pragma unroll
-    for (int mask = 1; mask < kThreadsPerRow; mask *= 2) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, mask));
-    const int shift = largest > 0.0f ? max(-126, ilogbf(largest) - 7) : 0;
-    const float down = __int_as_float((127 - shift) << 23);  // 2^-shift, exact
-    if (rows.lead == 0) row_factors[rows.row] = __int_as_float((127 + shift) << 23);
+    for (int mask = 1; mask < kThreadsPerRow; mask *= 2) largest = max(largest, __shfl_xor_sync(0xffffffffu, largest, mask));
+    const bool finite = largest < 0x7f80u;
+    const int shift = finite && largest > 0 ? max(-126, ilogbf(__uint_as_float(largest << 16)) - 7) : 0;
+    const uint32_t down = ((127 - shift) << 7) * 0x10001u;  // 2^-shift in both bf16 halves, exact
+    if (rows.lead == 0) row_factors[rows.row] = finite ? __int_as_float((127 + shift) << 23) : NAN;
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
       const uint32_t words[4] = {values[j].x, values[j].y, values[j].z, values[j].w};
-      uint32_t high[2], low[2];
+      uint16_t high[4], low[4];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float scaled[4] = {__uint_as_float(words[2 * half] << 16) * down,
-                                 __uint_as_float(words[2 * half] & 0xffff0000u) * down,
-                                 __uint_as_float(words[2 * half + 1] << 16) * down,
-                                 __uint_as_float(words[2 * half + 1] & 0xffff0000u) * down};
-        split_into_e4m3x4(scaled, high[half], low[half]);
-      }
+      for (int w = 0; w < 4; ++w) split_into_e4m3x2(words[w], down, high[w], low[w]);
       const int dim = rows.dim_of(j);
-      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(rows.row, dim)) = make_uint2(high[0], high[1]);
-      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(kRows + rows.row, dim)) = make_uint2(low[0], low[1]);
+      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(rows.row, dim)) =
+          make_uint2(high[0] | uint32_t(high[1]) << 16, high[2] | uint32_t(high[3]) << 16);
+      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(kRows + rows.row, dim)) =
+          make_uint2(low[0] | uint32_t(low[1]) << 16, low[2] | uint32_t(low[3]) << 16);
     }
   }
   fence_shared_for_async_proxy();

@@ -155,18 +155,6 @@ __device__ __forceinline__ uint64_t raw_key_step_descriptor(uint64_t descriptor,
   return RawTileParts::key_descriptor(descriptor, block, dim - block_first_dim);
 }
 
-// `largest` raised to the largest |value| of the 8 bf16 values in `values`, finite ones only: an
-// inf or NaN in one query row must not switch its row's scaling off (it reaches its own
-// row's logits through the scaled value itself).
-__device__ __forceinline__ void raise_to_largest_finite_bf16(float& largest, const uint4& values) {
-  const uint32_t words[4] = {values.x, values.y, values.z, values.w};
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const float low = fabsf(__uint_as_float(words[w] << 16)), high = fabsf(__uint_as_float(words[w] & 0xffff0000u));
-    largest = fmaxf(largest, fmaxf(low <= FLT_MAX ? low : 0.0f, high <= FLT_MAX ? high : 0.0f));
-  }
-}
-
 // The tile's query rows into the swizzled layout (kLines lines; a 16-bit q for a 16-bit cache),
 // by `kThreads` threads that then meet at named barrier `barrier` (rows past rows_here are
 // zeros). All of a thread's loads are in flight at once (cp.async): Q is every CTA's fixed cost.
