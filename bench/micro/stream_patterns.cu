@@ -22,6 +22,10 @@
 //            (atomicAdd, one chunk claimed ahead) until none is left, so that an SM that streams
 //            faster takes more chunks. The bound on what a work-stealing split kernel could gain
 //            where CTAs of one schedule end unevenly (no math: switching requests costs nothing here).
+// `openmla-stream-patterns pages` runs only the third part (perf log, session 42): whole pages
+// of 16 to 256 tokens in a random order, each 64-key tile as contiguous bulk copies of its
+// pages (4 of 9 KB at FP8 pages of 16), with the split kernels' stages. Whether the DRAM
+// serves a cache of small scattered pages at the copy rate, before any TMA box or math.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -70,6 +74,7 @@ struct StreamArgs {
   int* work_counter;            // the dynamic schedule's next chunk (zeroed before each launch)
   int chunk_tiles;              // tiles a claim takes
   unsigned long long* spans;    // [CTA][2]: globaltimer at the start and the end
+  int page_tokens;              // page_size_stream_kernel: tokens a page (the other kernels: kPageTokens)
 };
 
 __device__ __forceinline__ unsigned long long global_nanoseconds() {
@@ -220,6 +225,49 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_stream_kernel(const __gri
   }
 }
 
+// Part three: a 64-key tile as the bulk copies of its pages (64 / page_tokens whole pages, or
+// 64 tokens of a larger page), each CTA one request of kKeys keys over a table of
+// kKeys / page_tokens random pages. The tile's table entries are read before the wait for its
+// stage (as the split kernels' producer), so that their latency is not a refill's.
+__global__ void __launch_bounds__(kThreads, 1) page_size_stream_kernel(StreamArgs args) {
+  extern __shared__ __align__(1024) uint8_t stages[];
+  __shared__ uint64_t full[8], empty[8];
+  init_stages(full, empty, args);
+  __syncthreads();
+  constexpr int kTileKeys = 64, kTiles = kKeys / kTileKeys, kMostPages = kTileKeys / 16;
+  const int page_tokens = args.page_tokens, tile_pages = max(1, kTileKeys / page_tokens);
+  const int copy_tokens = min(kTileKeys, page_tokens), copy_bytes = copy_tokens * args.row_bytes;
+  const int* table = args.block_table + blockIdx.x * (kKeys / page_tokens);
+  if (threadIdx.x == 0) {
+    int pages[kMostPages];
+    auto read_pages = [&](int tile) {
+      for (int p = 0; p < kMostPages; ++p) pages[p] = p < tile_pages ? table[(tile * kTileKeys) / page_tokens + p] : 0;
+    };
+    read_pages(0);
+    for (int tile = 0; tile < kTiles; ++tile) {
+      const int stage = tile % args.stages;
+      if (tile >= args.stages) sm90::mbarrier_wait(&empty[stage], (tile / args.stages - 1) % 2);
+      uint8_t* destination = stages + stage * args.stage_bytes;
+      const int offset = (tile * kTileKeys) % page_tokens;  // within a page larger than the tile
+      sm90::mbarrier_arrive_expect_bytes(&full[stage], uint32_t(kTileKeys * args.row_bytes));
+      for (int p = 0; p < tile_pages; ++p) {
+        bulk_copy(destination + p * copy_bytes, args.cache + (int64_t(pages[p]) * page_tokens + offset) * args.row_bytes,
+                  copy_bytes, &full[stage]);
+      }
+      if (tile + 1 < kTiles) read_pages(tile + 1);
+    }
+  }
+  if (threadIdx.x >= 32) {
+    unsigned checksum = 0;
+    for (int tile = 0; tile < kTiles; ++tile) {
+      const int stage = tile % args.stages;
+      sm90::mbarrier_wait(&full[stage], (tile / args.stages) % 2);
+      consume_stage(stages + stage * args.stage_bytes, &empty[stage], args, checksum);
+    }
+    if (threadIdx.x == 32) args.checksum[blockIdx.x] = checksum;
+  }
+}
+
 CUtensorMap make_map(const uint8_t* cache, int element_bytes, int box_dims, int total_pages) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   void* function = nullptr;
@@ -263,7 +311,8 @@ void print_spans(const unsigned long long* device_spans, int ctas) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool schedules_only = argc > 1 && std::string(argv[1]) == "schedules";
+  const std::string part = argc > 1 ? argv[1] : "";
+  const bool schedules_only = part == "schedules", pages_only = part == "pages";
   cudaDeviceProp properties{};
   check(cudaGetDeviceProperties(&properties, 0), "properties");
   std::printf("%s, %d SMs\n", properties.name, properties.multiProcessorCount);
@@ -277,7 +326,7 @@ int main(int argc, char** argv) {
   std::vector<int> pages(total_pages);
   std::iota(pages.begin(), pages.end(), 0);
   std::shuffle(pages.begin(), pages.end(), std::mt19937(7));
-  check(cudaMalloc(&block_table, pages.size() * sizeof(int)), "table");
+  check(cudaMalloc(&block_table, size_t(kRequests) * kKeys / 16 * sizeof(int)), "table");  // pages of 16 at least
   check(cudaMemcpy(block_table, pages.data(), pages.size() * sizeof(int), cudaMemcpyHostToDevice), "table copy");
   check(cudaMalloc(&checksum, kRequests * sizeof(unsigned)), "checksum");
   cudaStream_t stream;
@@ -288,15 +337,17 @@ int main(int argc, char** argv) {
   });
   const double copy_rate = 2.0 * double(largest / 2) / (copy_us * 1e3);
   std::printf("copy ceiling (read + written): %.0f GB/s\n", copy_rate);
-  std::printf("%-6s %-36s %7s %6s %6s %10s %10s %8s\n", "cache", "loader", "stages", "hold", "ahead", "us", "GB/s",
-              "of copy");
+  if (part.empty()) {
+    std::printf("%-6s %-36s %7s %6s %6s %10s %10s %8s\n", "cache", "loader", "stages", "hold", "ahead", "us", "GB/s",
+                "of copy");
+  }
 
   int* work_counter = nullptr;
   unsigned long long* spans = nullptr;
   check(cudaMalloc(&work_counter, sizeof(int)), "counter");
   check(cudaMalloc(&spans, 2 * 1024 * sizeof(unsigned long long)), "spans");
   for (int element_bytes : {1, 2}) {
-    if (schedules_only) break;
+    if (schedules_only || pages_only) break;
     const int row_bytes = kDims * element_bytes;
     const int box_dims = element_bytes == 1 ? 128 : 64;
     const CUtensorMap map = make_map(cache, element_bytes, box_dims, total_pages);
@@ -339,46 +390,82 @@ int main(int argc, char** argv) {
   }
 
   // Schedules: the boxes loader, one CTA per request against chunks claimed by one CTA per SM.
-  std::printf("\nschedules (boxes loader; counter zeroed before every launch, both schedules)\n");
-  std::printf("%-6s %-30s %7s %6s %6s %10s %10s %8s\n", "cache", "schedule", "stages", "hold", "chunk", "us", "GB/s",
-              "of copy");
-  for (int element_bytes : {2, 1}) {
+  if (!pages_only) {
+    std::printf("\nschedules (boxes loader; counter zeroed before every launch, both schedules)\n");
+    std::printf("%-6s %-30s %7s %6s %6s %10s %10s %8s\n", "cache", "schedule", "stages", "hold", "chunk", "us", "GB/s",
+                "of copy");
+    for (int element_bytes : {2, 1}) {
+      const int row_bytes = kDims * element_bytes;
+      const int box_dims = element_bytes == 1 ? 128 : 64;
+      const CUtensorMap map = make_map(cache, element_bytes, box_dims, total_pages);
+      const int64_t bytes = int64_t(total_pages) * kPageTokens * row_bytes;
+      StreamArgs args{cache, block_table, checksum, row_bytes, box_dims * element_bytes, (kDims + box_dims - 1) / box_dims, 0, 0, 0, 0,
+                      work_counter, 1, spans};
+      args.stage_bytes = (args.boxes * args.box_bytes * kPageTokens + 1023) / 1024 * 1024;
+      // The kernels' stages: two of 72 KB (16-bit narrow), five of 36 KB (FP8 narrow at 16 rows);
+      // holds near their math a tile (D2 Hq 16 at the copy rate: ~4600 / ~2300 cycles a tile).
+      const int stages = element_bytes == 1 ? 5 : 2;
+      args.stages = stages;
+      const int shared = std::max(stages * args.stage_bytes, 116 * 1024);
+      for (int hold : {0, element_bytes == 1 ? 1500 : 3000}) {
+        args.hold_cycles = hold;
+        for (int chunk : {0, 2, 8, 32}) {  // 0: static
+          args.chunk_tiles = std::max(chunk, 1);
+          const int ctas = chunk == 0 ? kRequests : properties.multiProcessorCount;
+          auto launch = [&] {
+            check(cudaMemsetAsync(work_counter, 0, sizeof(int), stream), "counter");
+            if (chunk == 0) {
+              stream_kernel<Loader::kBoxes><<<ctas, kThreads, shared, stream>>>(map, args);
+            } else {
+              dynamic_stream_kernel<<<ctas, kThreads, shared, stream>>>(map, args);
+            }
+          };
+          check(cudaFuncSetAttribute(stream_kernel<Loader::kBoxes>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
+          check(cudaFuncSetAttribute(dynamic_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
+          const float us = median_us(stream, 2, 10, launch);
+          check(cudaGetLastError(), "launch");
+          const double rate = double(bytes) / (us * 1e3);
+          std::printf("%-6s %-30s %7d %6d %6d %10.1f %10.0f %8.3f\n", element_bytes == 1 ? "fp8" : "bf16",
+                      chunk == 0 ? "static (CTA per request)" : "dynamic (CTA per SM)", stages, hold, chunk, us, rate,
+                      rate / copy_rate);
+          launch();
+          check(cudaStreamSynchronize(stream), "spans launch");
+          print_spans(spans, ctas);
+        }
+      }
+    }
+  }
+
+  // Page sizes: a fresh random table per size (pages of the whole cache, each request its own).
+  std::printf("\npage sizes (bulk copies of whole pages, random page order; CTA per request)\n");
+  std::printf("%-6s %6s %7s %6s %10s %10s %8s\n", "cache", "page", "stages", "hold", "us", "GB/s", "of copy");
+  for (int element_bytes : {1, 2}) {
     const int row_bytes = kDims * element_bytes;
-    const int box_dims = element_bytes == 1 ? 128 : 64;
-    const CUtensorMap map = make_map(cache, element_bytes, box_dims, total_pages);
-    const int64_t bytes = int64_t(total_pages) * kPageTokens * row_bytes;
-    StreamArgs args{cache, block_table, checksum, row_bytes, box_dims * element_bytes, (kDims + box_dims - 1) / box_dims, 0, 0, 0, 0,
-                    work_counter, 1, spans};
-    args.stage_bytes = (args.boxes * args.box_bytes * kPageTokens + 1023) / 1024 * 1024;
-    // The kernels' stages: two of 72 KB (16-bit narrow), five of 36 KB (FP8 narrow at 16 rows);
-    // holds near their math a tile (D2 Hq 16 at the copy rate: ~4600 / ~2300 cycles a tile).
-    const int stages = element_bytes == 1 ? 5 : 2;
-    args.stages = stages;
-    const int shared = std::max(stages * args.stage_bytes, 116 * 1024);
-    for (int hold : {0, element_bytes == 1 ? 1500 : 3000}) {
-      args.hold_cycles = hold;
-      for (int chunk : {0, 2, 8, 32}) {  // 0: static
-        args.chunk_tiles = std::max(chunk, 1);
-        const int ctas = chunk == 0 ? kRequests : properties.multiProcessorCount;
-        auto launch = [&] {
-          check(cudaMemsetAsync(work_counter, 0, sizeof(int), stream), "counter");
-          if (chunk == 0) {
-            stream_kernel<Loader::kBoxes><<<ctas, kThreads, shared, stream>>>(map, args);
-          } else {
-            dynamic_stream_kernel<<<ctas, kThreads, shared, stream>>>(map, args);
-          }
-        };
-        check(cudaFuncSetAttribute(stream_kernel<Loader::kBoxes>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
-        check(cudaFuncSetAttribute(dynamic_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
-        const float us = median_us(stream, 2, 10, launch);
-        check(cudaGetLastError(), "launch");
-        const double rate = double(bytes) / (us * 1e3);
-        std::printf("%-6s %-30s %7d %6d %6d %10.1f %10.0f %8.3f\n", element_bytes == 1 ? "fp8" : "bf16",
-                    chunk == 0 ? "static (CTA per request)" : "dynamic (CTA per SM)", stages, hold, chunk, us, rate,
-                    rate / copy_rate);
-        launch();
-        check(cudaStreamSynchronize(stream), "spans launch");
-        print_spans(spans, ctas);
+    const int64_t bytes = int64_t(kRequests) * kKeys * row_bytes;
+    for (int page_tokens : {16, 32, 64, 128, 256}) {
+      const int sized_pages = kRequests * kKeys / page_tokens;
+      std::vector<int> order(sized_pages);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), std::mt19937(page_tokens));
+      check(cudaMemcpy(block_table, order.data(), order.size() * sizeof(int), cudaMemcpyHostToDevice), "table copy");
+      StreamArgs args{cache, block_table, checksum, row_bytes, 0, 0, 0, 0, 0, 0, nullptr, 0, nullptr, page_tokens};
+      args.stage_bytes = (64 * row_bytes + 1023) / 1024 * 1024;
+      // The split kernels' stages (FP8 narrow at 16 rows: five of 40 KB; 16-bit narrow: two of
+      // 72 KB) and one more; holds near their math a tile (D2 Hq 16 at the copy rate).
+      for (int stages : {element_bytes == 1 ? 5 : 2, element_bytes == 1 ? 6 : 3}) {
+        for (int hold : {0, element_bytes == 1 ? 1500 : 3000}) {
+          args.stages = stages;
+          args.hold_cycles = hold;
+          const int shared = std::max(stages * args.stage_bytes, 116 * 1024);
+          check(cudaFuncSetAttribute(page_size_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared),
+                "smem");
+          const float us =
+              median_us(stream, 2, 10, [&] { page_size_stream_kernel<<<kRequests, kThreads, shared, stream>>>(args); });
+          check(cudaGetLastError(), "launch");
+          const double rate = double(bytes) / (us * 1e3);
+          std::printf("%-6s %6d %7d %6d %10.1f %10.0f %8.3f\n", element_bytes == 1 ? "fp8" : "bf16", page_tokens, stages,
+                      hold, us, rate, rate / copy_rate);
+        }
       }
     }
   }
