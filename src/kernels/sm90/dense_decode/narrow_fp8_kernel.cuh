@@ -42,7 +42,7 @@
 // Epilogue: the output warpgroup stages its normalised rows (dims in the fragments' order,
 // transposed_value_dim, restored here) in the free key stages and stores them row-contiguously
 // (as narrow_kernel.cuh).
-// Limits: Sq * Hq <= 32, FP8 E4M3 cache, q bf16 / fp16 (as e4m3 parts) or e4m3.
+// Limits: Sq * Hq <= 32, FP8 E4M3 cache, q bf16 (as e4m3 parts) or e4m3 (an fp16 q takes an fp16 cache only).
 #pragma once
 
 #include "kernels/sm90/dense_decode/fp8_tiles.cuh"
