@@ -123,6 +123,19 @@ __device__ __forceinline__ void consume_stage(const uint8_t* stage_bytes, uint64
   sm90::mbarrier_arrive(empty);
 }
 
+// The consumer warp's side of a static stream: `tiles` tiles through the ring of stages in
+// order; returns its lane's checksum.
+__device__ __forceinline__ unsigned consume_tiles(const uint8_t* stages, uint64_t* full, uint64_t* empty,
+                                                  const StreamArgs& args, int tiles) {
+  unsigned checksum = 0;
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int stage = tile % args.stages;
+    sm90::mbarrier_wait(&full[stage], (tile / args.stages) % 2);
+    consume_stage(stages + stage * args.stage_bytes, &empty[stage], args, checksum);
+  }
+  return checksum;
+}
+
 template <Loader kLoader>
 __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_constant__ CUtensorMap map, StreamArgs args) {
   extern __shared__ __align__(1024) uint8_t stages[];
@@ -165,12 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
     }
   }
   if (threadIdx.x >= 32) {
-    unsigned checksum = 0;
-    for (int tile = 0; tile < kPages; ++tile) {
-      const int stage = tile % args.stages;
-      sm90::mbarrier_wait(&full[stage], (tile / args.stages) % 2);
-      consume_stage(stages + stage * args.stage_bytes, &empty[stage], args, checksum);
-    }
+    const unsigned checksum = consume_tiles(stages, full, empty, args, kPages);
     if (threadIdx.x == 32) {
       args.checksum[request] = checksum;
       if (args.spans != nullptr) args.spans[2 * blockIdx.x + 1] = global_nanoseconds();
@@ -258,12 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_size_stream_kernel(StreamArg
     }
   }
   if (threadIdx.x >= 32) {
-    unsigned checksum = 0;
-    for (int tile = 0; tile < kTiles; ++tile) {
-      const int stage = tile % args.stages;
-      sm90::mbarrier_wait(&full[stage], (tile / args.stages) % 2);
-      consume_stage(stages + stage * args.stage_bytes, &empty[stage], args, checksum);
-    }
+    const unsigned checksum = consume_tiles(stages, full, empty, args, kTiles);
     if (threadIdx.x == 32) args.checksum[blockIdx.x] = checksum;
   }
 }
