@@ -354,18 +354,30 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       }
     }
     meet(1);
-    if (first == 0 && warp == 0 && lane < 4) {
+    // The finished rows: each row's normaliser, LSE and output offset (~100 instructions a row,
+    // with two divisions by the head count). At 16 rows one thread per row (lane `row` of the
+    // first group's warp 0): by the 4 lanes that hold a row's sums, per accumulator slot, this was
+    // kSlots unrolled copies of code that each CTA runs once and cold, between its last tile and
+    // the output warpgroup's epilogue (FP8 D4 B1 / B2 / B4 PDL -5..6%, H100, perf log session
+    // 43). At 32 rows any other form of this code (one thread per row; the slot loop rolled) made
+    // ptxas serialise the kernel's wgmma with a bf16 q (C7512: its output warpgroup's 200
+    // registers are at the edge), so the slots stay unrolled there.
+    auto finish = [&](int row, const OutputDestination& destination) {
+      const FinishedRow done =
+          finish_row(args, sums[row] + sums[kRows + row], references[(last % 2) * kRows + row], row < rows_here);
+      normalizers[row] = done.normalizer;
+      if (row < rows_here) {
+        store_row_lse(args, destination, batch_index, row, done.lse2);
+        row_offsets[row] = destination_row_offset(args, destination, batch_index, row);
+      }
+    };
+    if (first == 0 && warp == 0 && lane < (kRows == 16 ? kRows : 4)) {
       const OutputDestination destination = output_destination(args, split);
+      if constexpr (kRows == 16) {
+        finish(lane, destination);
+      } else {
 #pragma unroll
-      for (int slot = 0; slot < kSlots; ++slot) {
-        const int row = row_of_slot(slot);
-        const FinishedRow done =
-            finish_row(args, sums[row] + sums[kRows + row], references[(last % 2) * kRows + row], row < rows_here);
-        normalizers[row] = done.normalizer;
-        if (row < rows_here) {
-          store_row_lse(args, destination, batch_index, row, done.lse2);
-          row_offsets[row] = destination_row_offset(args, destination, batch_index, row);
-        }
+        for (int slot = 0; slot < kSlots; ++slot) finish(row_of_slot(slot), destination);
       }
     }
     if (first == 0) signal(finished);
