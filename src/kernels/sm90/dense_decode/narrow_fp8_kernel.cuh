@@ -39,9 +39,10 @@
 // output: row normalisers, LSEs and row offsets). The raw stages are released by the output
 // warpgroup once a tile's V^T is in registers; a score warpgroup's reads of the stage end before
 // it publishes the tile, so before that.
-// Epilogue: the output warpgroup stages its normalised rows (dims in the fragments' order,
-// transposed_value_dim, restored here) in the free key stages and stores them row-contiguously
-// (as narrow_kernel.cuh).
+// Epilogue (as narrow_kernel.cuh): the output warpgroup stores a split's fp32 partial rows
+// straight from its accumulators, and stages the bf16 output's normalised rows (dims in the
+// fragments' order, transposed_value_dim, restored here) in the free key stages to store them
+// row-contiguously.
 // Limits: Sq * Hq <= 32, FP8 E4M3 cache, q bf16 (as e4m3 parts) or e4m3 (an fp16 q takes an fp16 cache only).
 #pragma once
 
@@ -464,16 +465,41 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
     for (int j = 0; j < kTiles; ++j) fence_accumulators(output[j]);
     signal(&consumed[which]);
   }
-  sync_named(kOutputBarrier, 128);  // every warp's last V^T loads are done: the stages take the staging
   mbarrier_wait(finished, 0);
   float normalizer[kSlots];
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) normalizer[slot] = normalizers[row_of_slot(slot)];
-  // O^T -> shared [row][dim] floats (the key stages are free: every tile was consumed), its dims
-  // restored from the fragments' order (transposed_value_dim): accumulator rows r and r + 8 of
-  // an M tile are adjacent dims of one query row, one float2.
-  float* staged = reinterpret_cast<float*>(stages);
+  // O^T's dims are in the fragments' order (transposed_value_dim): accumulator rows r and r + 8
+  // of an M tile are adjacent dims of one query row, one float2.
   static_assert(transposed_value_dim(0, 0, 8) == transposed_value_dim(0, 0, 0) + 1, "rows g, g + 8: adjacent dims");
+  const OutputDestination destination = output_destination(args, split);
+  if (!destination.final_output) {
+    // A split's fp32 partial rows straight from the accumulators, as the 16-bit kernel's: a
+    // warp's float2 store is 16 consecutive dims of 4 rows, whole 32-byte sectors, so no
+    // staging. Rows past rows_here have no destination; a row without keys stores zeros (its
+    // LSE is -inf, so the combine step never reads them).
+    float* row_starts[kSlots];
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) {
+      const int row = row_of_slot(slot);
+      row_starts[slot] = row < rows_here ? args.partial_out + row_offsets[row] : nullptr;
+    }
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+#pragma unroll
+      for (int i = 0; i < kRows / 2; ++i) {
+        if ((i / 2) % 2 != 0 || row_of_slot(slot_of(i)) >= rows_here) continue;  // row r + 8: element i + 2
+        const int dim = transposed_value_dim(j / 4, j % 4, accumulator_row(warp, lane, i));
+        const float factor = normalizer[slot_of(i)];
+        *reinterpret_cast<float2*>(row_starts[slot_of(i)] + dim) = make_float2(output[j][i] * factor, output[j][i + 2] * factor);
+      }
+    }
+    return;
+  }
+  // The final bf16 rows: O^T -> shared [row][dim] floats (the key stages are free once every
+  // warp's last V^T loads are done), so that rows are stored contiguously.
+  sync_named(kOutputBarrier, 128);
+  float* staged = reinterpret_cast<float*>(stages);
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) {
 #pragma unroll
@@ -486,9 +512,6 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
     }
   }
   sync_named(kOutputBarrier, 128);
-  // (A row without keys stores zeros; with several splits its LSE is -inf, so the combine step
-  // never reads them.)
-  const OutputDestination destination = output_destination(args, split);
   store_staged_rows<1, Layout::kStagedRowFloats, 0>(args, destination, staged, row_offsets, rows_here, threadIdx.x,
                                                     128);
 }

@@ -24,8 +24,9 @@
 // (one more when the reference moves, one more when the tile is partial). A tile lands in three
 // parts (kParts), S^T starting on the first.
 // Softmax, epilogue: as the alternating kernel (base-2 online softmax with -inf guards; one split
-// writes bf16 output and LSE, several write fp32 partials for the combine step). The output
-// is staged through shared memory so that the stores are row-contiguous.
+// writes bf16 output and LSE, several write fp32 partials for the combine step). The bf16 output
+// is staged through shared memory so that the stores are row-contiguous; fp32 partials go
+// straight from the accumulators (a warp's store covers whole 32-byte sectors of 4 rows).
 // Limits: Sq * Hq <= 32 (tiles of 16 or 32 rows), bf16 / fp16 q and cache.
 #pragma once
 
@@ -59,9 +60,9 @@ struct NarrowLayout {
   static constexpr int kBarriers = kRowMaxima + kRows * 4;
   static constexpr int kBytes = kBarriers + (kStages * kParts + kStages) * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
-  // After the last tile the output is staged in the key stages: [kRows][512 + 4] floats (the
-  // padding puts the 4 rows that one store instruction of a warp writes in distinct banks), then
-  // each row's destination offset (int64).
+  // After the last tile the key stages hold each row's destination offset (int64) and, for the
+  // bf16 output, the staged rows: [kRows][512 + 4] floats (the padding puts the 4 rows that one
+  // store instruction of a warp writes in distinct banks).
   static constexpr int kStagedRowFloats = kLatentDim + 4;
   static constexpr int kStagedRowOffsets = kRows * kStagedRowFloats * 4;
   static_assert(kStagedRowOffsets + kRows * 8 <= kStages * kTileBlockBytes, "output staging fits the stages");
@@ -386,11 +387,36 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   float normalizer[kSlots];
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) normalizer[slot] = normalizers[row_of_slot(slot)];
-  // The normalised O^T -> shared [row][dim] floats (the key stages are free: every tile landed
-  // and was consumed), so that rows are stored contiguously; and each row's destination, once
-  // per row (the stores below then run as independent shared loads and global stores: computed
-  // per stored quad, its division by the head count and 64-bit index chain serialised every
-  // quad; 0.5-1% of D2 on an H100, perf log session 15).
+  if (!destination.final_output) {
+    // A split's fp32 partial rows straight from the accumulators: element i of a warp's store
+    // is 8 consecutive dims (lane / 4) of 4 rows (lane % 4), whole 32-byte sectors, so no
+    // staging is needed (it moved 64 KB through shared memory per CTA: ~600 of D4's ~1800
+    // epilogue cycles, perf log session 30). Rows past rows_here have no destination; a row
+    // without keys stores zeros (its LSE is -inf, so the combine step never reads them).
+    float* row_starts[kSlots];
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) {
+      const int row = row_of_slot(slot);
+      row_starts[slot] = row < rows_here ? args.partial_out + row_offsets[row] + accumulator_row(warp, lane, 0) : nullptr;
+    }
+#pragma unroll
+    for (int block = 0; block < kLatentDim / 64; ++block) {
+#pragma unroll
+      for (int i = 0; i < kRows / 2; ++i) {
+        if (row_of_slot(slot_of(i)) < rows_here) {
+          row_starts[slot_of(i)][64 * block + accumulator_row(warp, lane, i) - accumulator_row(warp, lane, 0)] =
+              output[block][i] * normalizer[slot_of(i)];
+        }
+      }
+    }
+    return;
+  }
+  // The final bf16 rows: the normalised O^T -> shared [row][dim] floats (the key stages are
+  // free: every tile landed and was consumed), so that rows are stored contiguously (per
+  // accumulator element a warp would write 2-byte pieces of 4 rows); and each row's
+  // destination, once per row (the stores below then run as independent shared loads and
+  // global stores: computed per stored quad, its division by the head count and 64-bit index
+  // chain serialised every quad; 0.5-1% of D2 on an H100, perf log session 15).
 #pragma unroll
   for (int block = 0; block < kLatentDim / 64; ++block) {
 #pragma unroll
@@ -400,8 +426,6 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     }
   }
   sync_narrow_consumers();
-  // (A row without keys stores zeros; with several splits its LSE is -inf, so the combine step
-  // never reads them.)
   store_staged_rows<1, Layout::kStagedRowFloats, 0>(args, destination, staged, row_offsets, rows_here, threadIdx.x,
                                                     kNarrowGroupThreads);
 }
