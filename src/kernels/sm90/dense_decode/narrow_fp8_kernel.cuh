@@ -319,8 +319,8 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       moved = __any_sync(0xffffffffu, moved);
 
       if (tile >= 2) mbarrier_wait(&consumed[which], phase_of(tile - 2));  // tile t - 2's products are done
-      store_transposed_probabilities<true, kRows>(scores, used_reference, running_sum, probabilities(which), warp, lane,
-                                                  slot_of);
+      store_transposed_probabilities<true, kRows>(scores, used_reference, probabilities(which), nullptr, warp, lane,
+                                                  slot_of, [&](int slot, float p) { running_sum[slot] += p; });
       if (warp == 0 && lane < 4) {
 #pragma unroll
         for (int slot = 0; slot < kSlots; ++slot) factors[which * kRows + row_of_slot(slot)] = factor[slot];

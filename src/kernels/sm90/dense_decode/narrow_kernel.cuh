@@ -16,9 +16,12 @@
 //   that, row maxima reduced across the 8 lanes that share a row, then across the 4 warps
 //   through shared memory; P^T written to shared memory.
 // - O^T (512 dims x kRows) += V^T P^T: 8 x 4 wgmma m64nNk16 per tile, A = V read M-major
-//   (tnspA) from the same K tile, B = P^T; 4 kRows fp32 accumulators per thread.
-// Shared memory: Q (9 swizzled blocks of kRows 128-byte lines), P^T, the maxima exchange, and two
-// 72 KB key stages. 32-row tiles moved D2 Hq 32 off the 64-row kernel (431 -> 419 us on an H100,
+//   (tnspA) from the same K tile, B = P^T; 4 kRows fp32 accumulators per thread. Eight more
+//   with A = ones sum the rows of P^T and of P's rounding residuals (P - P^T) into a ninth
+//   accumulator block (every M row of it a row sum, in the thread that holds the row's O^T),
+//   rescaled with O^T: the row sums need no shuffles, exchange or barrier at the end.
+// Shared memory: Q (9 swizzled blocks of kRows 128-byte lines), P^T and the residuals, the ones,
+// the maxima exchange, and two 72 KB key stages. 32-row tiles moved D2 Hq 32 off the 64-row kernel (431 -> 419 us on an H100,
 // as fast as Hq 16).
 // Pipeline: the next tile streams in while tile t is computed; two warpgroup barriers per tile
 // (one more when the reference moves, one more when the tile is partial). A tile lands in three
@@ -54,10 +57,14 @@ struct NarrowLayout {
   static constexpr int kQuery = 0;  // 9 swizzled blocks of kRows lines
   static constexpr int kKeys = kDimBlocks * kRows * 128;  // the stages
   static constexpr int kProbabilities = kKeys + kStages * kTileBlockBytes;  // P^T
-  static constexpr int kExchange = kProbabilities + kRows * 128;  // [4 warps][kRows]
-  static constexpr int kRowMaxima = kExchange + 4 * kRows * 4;     // [kRows], for the epilogue
+  static constexpr int kResiduals = kProbabilities + kRows * 128;  // P - P^T, as P^T
+  // 16-bit ones, the A operand whose product with P^T is each row's sum of P (kOnesBytes: an
+  // m64 x k16 M-major operand with the 128-byte swizzle reads 2 KB; room for either stride).
+  static constexpr int kOnes = kResiduals + kRows * 128;
+  static constexpr int kOnesBytes = 4096;
+  static constexpr int kExchange = kOnes + kOnesBytes;  // [4 warps][kRows]; the final rows' LSEs
   // full[kStages x kParts], empty[kStages]
-  static constexpr int kBarriers = kRowMaxima + kRows * 4;
+  static constexpr int kBarriers = kExchange + 4 * kRows * 4;
   static constexpr int kBytes = kBarriers + (kStages * kParts + kStages) * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
   // After the last tile the key stages hold each row's destination offset (int64) and, for the
@@ -66,7 +73,7 @@ struct NarrowLayout {
   static constexpr int kStagedRowFloats = kLatentDim + 4;
   static constexpr int kStagedRowOffsets = kRows * kStagedRowFloats * 4;
   static_assert(kStagedRowOffsets + kRows * 8 <= kStages * kTileBlockBytes, "output staging fits the stages");
-  static_assert(kKeys % 1024 == 0, "swizzled stages are 1024-byte aligned");
+  static_assert(kKeys % 1024 == 0 && kOnes % 1024 == 0, "swizzled stages and the ones are 1024-byte aligned");
   static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
 };
 
@@ -151,32 +158,43 @@ __device__ __forceinline__ void lazy_row_maxima(float (&tile_max)[kRows / 4], co
 }
 
 // Third step: P^T = 2^(score - reference of the row) into the swizzled P^T rows (16-bit, kHalf:
-// fp16, else bf16), each added to this thread's row sums. A thread's elements 4 j + 2 h + e are
+// fp16, else bf16), each p passed to add_to_row_sum(slot, p) (the FP8 kernel's running sums).
+// With residual_rows (the 16-bit kernel, which sums P's rows on the tensor cores), also each
+// p's rounding residual p - P^T (16-bit again) into residual_rows, laid out as P^T: the sums of
+// P^T and of the residuals are then P's sums to ~2^-17 (P^T alone, rounded to bf16, was off by up
+// to 2^-9: LSEs by up to 1.2e-3). A thread's elements 4 j + 2 h + e are
 // (key 16 warp + lane / 4 + 8 h, query row 8 j + 2 (lane % 4) + e): per (j, h) an 8 x 8 matrix
 // of keys x query rows in the mma fragment layout, which stmatrix.trans stores as query rows of 8
 // keys (16 bytes). Two stores of four matrices at 32 rows (one at 16) instead of one 16-bit
 // store per element, each with its own swizzled address.
-template <bool kHalf, int kRows, class SlotOf>
+template <bool kHalf, int kRows, class SlotOf, class AddToRowSum>
 __device__ __forceinline__ void store_transposed_probabilities(const float (&scores)[kRows / 2],
-                                                               const float (&reference)[kRows / 4],
-                                                               float (&running_sum)[kRows / 4], uint8_t* rows,
-                                                               int warp, int lane, SlotOf slot_of) {
+                                                               const float (&reference)[kRows / 4], uint8_t* rows,
+                                                               uint8_t* residual_rows, int warp, int lane,
+                                                               SlotOf slot_of, AddToRowSum add_to_row_sum) {
   static_assert(kRows % 16 == 0, "whole stores of four matrices");
-  uint32_t packed[kRows / 4];  // matrix 2 j + h
+  uint32_t packed[kRows / 4], residuals[kRows / 4];  // matrix 2 j + h
 #pragma unroll
   for (int i = 0; i < kRows / 2; i += 2) {
     const float first = fast_exp2(scores[i] - reference[slot_of(i)]);
     const float second = fast_exp2(scores[i + 1] - reference[slot_of(i + 1)]);
-    running_sum[slot_of(i)] += first;
-    running_sum[slot_of(i + 1)] += second;
+    add_to_row_sum(slot_of(i), first);
+    add_to_row_sum(slot_of(i + 1), second);
     packed[i / 2] = pack_two<kHalf>(first, second);
+    if (residual_rows != nullptr) {
+      const float2 rounded = unpack_two<kHalf>(packed[i / 2]);
+      residuals[i / 2] = pack_two<kHalf>(first - rounded.x, second - rounded.y);
+    }
   }
   // Lane l addresses row l % 8 of matrix 4 x + l / 8: query row 8 j + l % 8, keys 16 warp + 8 h ..
 #pragma unroll
   for (int x = 0; x < kRows / 16; ++x) {
     const int matrix = 4 * x + lane / 8;
-    const uint32_t(&four)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&packed[4 * x]);
-    store_matrices_x4<true>(rows + swizzled_offset(8 * (matrix / 2) + lane % 8, 16 * warp + 8 * (matrix % 2)), four);
+    const int offset = swizzled_offset(8 * (matrix / 2) + lane % 8, 16 * warp + 8 * (matrix % 2));
+    store_matrices_x4<true>(rows + offset, *reinterpret_cast<const uint32_t(*)[4]>(&packed[4 * x]));
+    if (residual_rows != nullptr) {
+      store_matrices_x4<true>(residual_rows + offset, *reinterpret_cast<const uint32_t(*)[4]>(&residuals[4 * x]));
+    }
   }
 }
 
@@ -211,7 +229,19 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint8_t* probabilities = shared + Layout::kProbabilities;  // P^T [row][key], swizzled
+  uint8_t* residuals = shared + Layout::kResiduals;          // P - P^T, as P^T
   float* exchange = reinterpret_cast<float*>(shared + Layout::kExchange);
+  uint8_t* ones = shared + Layout::kOnes;
+  {
+    const uint32_t one_pair = kHalf ? 0x3C003C00u : 0x3F803F80u;  // two 16-bit 1.0
+    static_assert(Layout::kOnesBytes == 16 * 2 * kNarrowGroupThreads, "two 16-byte stores a thread");
+#pragma unroll
+    for (int unit = 0; unit < 2; ++unit) {
+      *reinterpret_cast<uint4*>(ones + 16 * (threadIdx.x + unit * kNarrowGroupThreads)) =
+          make_uint4(one_pair, one_pair, one_pair, one_pair);
+    }
+  }
+  // (Its fence and barrier also publish the ones to the tensor cores.)
   load_query_tile<kRows, kNarrowGroupThreads>(args, batch_index, 0, rows_here, query, 1);
 
   // Accumulator element i of this thread: key (M) 16 warp + lane / 4 + 8 ((i / 2) % 2), query
@@ -227,21 +257,22 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   for (int slot = 0; slot < kSlots; ++slot) visible[slot] = __shfl_sync(0xffffffffu, lane_row_visible, row_of_slot(slot));
   const float logit_scale = args.logit_scale_log2;
 
-  float output[kLatentDim / 64][kRows / 2];  // O^T: 8 M tiles of 64 dims x kRows
+  // O^T: 8 M tiles of 64 dims x kRows, then the row sums' tile (kSumBlock).
+  constexpr int kValueBlocks = kLatentDim / 64, kSumBlock = kValueBlocks;
+  float output[kValueBlocks + 1][kRows / 2];
 #pragma unroll
-  for (int block = 0; block < kLatentDim / 64; ++block) {
+  for (int block = 0; block <= kValueBlocks; ++block) {
 #pragma unroll
     for (int i = 0; i < kRows / 2; ++i) output[block][i] = 0.0f;
   }
-  float running_max[kSlots], running_sum[kSlots];  // the sums over this thread's keys only
+  float running_max[kSlots];
 #pragma unroll
-  for (int slot = 0; slot < kSlots; ++slot) {
-    running_max[slot] = -INFINITY;
-    running_sum[slot] = 0.0f;
-  }
+  for (int slot = 0; slot < kSlots; ++slot) running_max[slot] = -INFINITY;
 
   const uint64_t query_descriptor = make_descriptor(query, 16, 1024);
   const uint64_t probability_descriptor = make_descriptor(probabilities, 16, 1024);
+  const uint64_t residual_descriptor = make_descriptor(residuals, 16, 1024);
+  const uint64_t ones_descriptor = make_descriptor(ones, 1024, 1024);  // (every k step the same ones)
 
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = warp_uniform(tile % Layout::kStages);
@@ -310,15 +341,15 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
       reference[slot] = new_max == -INFINITY ? 0.0f : new_max;
       rescale[slot] = fast_exp2(running_max[slot] - reference[slot]);
       running_max[slot] = new_max;
-      running_sum[slot] *= rescale[slot];
     }
-    store_transposed_probabilities<kHalf, kRows>(scores, reference, running_sum, probabilities, warp, lane, slot_of);
+    store_transposed_probabilities<kHalf, kRows>(scores, reference, probabilities, residuals, warp, lane, slot_of,
+                                                 [](int, float) {});
     bool rescaled = false;
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) rescaled |= rescale[slot] != 1.0f;
     if (rescaled) {
 #pragma unroll
-      for (int block = 0; block < kLatentDim / 64; ++block) {
+      for (int block = 0; block <= kValueBlocks; ++block) {
 #pragma unroll
         for (int i = 0; i < kRows / 2; ++i) output[block][i] *= rescale[slot_of(i)];
       }
@@ -326,85 +357,68 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     fence_shared_for_async_proxy();
     sync_narrow_consumers();  // P^T complete; the exchange reads are done
 
-    // O^T += V^T P^T. V^T block b (64 dims) is the K tile's block b read M-major; a k step of 16
-    // keys is two 8-key groups.
+    // O^T += V^T P^T, and the row sums += ones P^T. V^T block b (64 dims) is the K tile's block b
+    // read M-major; a k step of 16 keys is two 8-key groups.
     const uint64_t value_descriptor = make_descriptor(keys, 1024, KeyTileParts::group_stride(0));
     wgmma_fence();
 #pragma unroll
-    for (int block = 0; block < kLatentDim / 64; ++block) {
+    for (int block = 0; block < kValueBlocks; ++block) {
 #pragma unroll
       for (int k = 0; k < kTileKeys / 16; ++k) {
-        wgmma_rows_a_m_major<kHalf, kRows>(output[block],
-                                        KeyTileParts::value_descriptor(value_descriptor, block, k),
-                                        advance_descriptor(probability_descriptor, 32 * k), true);
+        wgmma_rows_a_m_major<kHalf, kRows>(output[block], KeyTileParts::value_descriptor(value_descriptor, block, k),
+                                           advance_descriptor(probability_descriptor, 32 * k), true);
       }
+    }
+#pragma unroll
+    for (int k = 0; k < kTileKeys / 16; ++k) {
+      wgmma_rows_a_m_major<kHalf, kRows>(output[kSumBlock], ones_descriptor,
+                                         advance_descriptor(probability_descriptor, 32 * k), true);
+      wgmma_rows_a_m_major<kHalf, kRows>(output[kSumBlock], ones_descriptor,
+                                         advance_descriptor(residual_descriptor, 32 * k), true);
     }
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
-    for (int block = 0; block < kLatentDim / 64; ++block) fence_accumulators(output[block]);
+    for (int block = 0; block <= kValueBlocks; ++block) fence_accumulators(output[block]);
     mbarrier_arrive(&empty[stage]);
   }
 
-  // Row sums: this thread's keys, then the 8 lanes of the row, then the 4 warps.
+  // The finished rows, in the threads that hold them: each slot's sum of P is any M row of the
+  // sums' tile (element 4 (slot / 2) + slot % 2). (Summed in each thread's registers instead,
+  // the sums took shuffles, an exchange through shared memory and three barriers, and one thread
+  // per row for the normaliser: ~0.45 us of a D4 CTA's chain, perf log session 43.)
+  float normalizer[kSlots], row_lse[kSlots];
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) {
-#pragma unroll
-    for (int mask = 4; mask < 32; mask *= 2) running_sum[slot] += __shfl_xor_sync(0xffffffffu, running_sum[slot], mask);
+    const float sum = output[kSumBlock][4 * (slot / 2) + slot % 2];
+    const float reference = running_max[slot] == -INFINITY ? 0.0f : running_max[slot];
+    normalizer[slot] = sum == 0.0f ? 0.0f : args.value_scale * fast_reciprocal(sum);
+    row_lse[slot] = sum == 0.0f ? -INFINITY : reference + fast_log2(sum);
   }
-  float* row_maxima = reinterpret_cast<float*>(shared + Layout::kRowMaxima);
-  sync_narrow_consumers();  // the last tile's reads of the exchange are done
-  if (lane < 4) {
-#pragma unroll
-    for (int slot = 0; slot < kSlots; ++slot) {
-      exchange[warp * kRows + row_of_slot(slot)] = running_sum[slot];
-      if (warp == 0) row_maxima[row_of_slot(slot)] = running_max[slot];
-    }
-  }
-  sync_narrow_consumers();
-  // The finished rows, one thread per row (warp 0): the LSE, the row's output factor into shared
-  // memory (over its first exchange word, read first) and its destination offset. (Written per
-  // accumulator slot instead, unrolled for every slot, this was ~600 instructions of code that
-  // each CTA runs once, cold: 3000 (16 rows) to 5500 cycles (32 rows) between the merge and
-  // the staging, more than a D4 CTA's whole tile; 800-1000 cycles with the MUFU forms below
-  // (H100, clock64; perf log, session 16).)
   const OutputDestination destination = output_destination(args, split);
-  float* normalizers = exchange;  // [row]
-  float* staged = reinterpret_cast<float*>(shared + Layout::kKeys);
-  int64_t* row_offsets = reinterpret_cast<int64_t*>(shared + Layout::kKeys + Layout::kStagedRowOffsets);
-  if (threadIdx.x < kRows) {
-    const int row = threadIdx.x;
-    const float row_max = row_maxima[row];
-    const float reference = row_max == -INFINITY ? 0.0f : row_max;
-    const float sum = exchange[row] + exchange[kRows + row] + exchange[2 * kRows + row] + exchange[3 * kRows + row];
-    normalizers[row] = sum == 0.0f ? 0.0f : args.value_scale * fast_reciprocal(sum);
-    if (row < rows_here) {
-      store_row_lse(args, destination, batch_index, row, sum == 0.0f ? -INFINITY : reference + fast_log2(sum));
-      row_offsets[row] = destination_row_offset(args, destination, batch_index, row);
-    }
-  }
-  sync_narrow_consumers();
-  float normalizer[kSlots];
-#pragma unroll
-  for (int slot = 0; slot < kSlots; ++slot) normalizer[slot] = normalizers[row_of_slot(slot)];
+  // Lanes 0..3 of warp 0 hold every row (lane % 4 picks the rows).
+  const bool holds_row_lses = warp == 0 && lane < 4;
   if (!destination.final_output) {
     // A split's fp32 partial rows straight from the accumulators: element i of a warp's store
     // is 8 consecutive dims (lane / 4) of 4 rows (lane % 4), whole 32-byte sectors, so no
     // staging is needed (it moved 64 KB through shared memory per CTA: ~600 of D4's ~1800
-    // epilogue cycles, perf log session 30). Rows past rows_here have no destination; a row
-    // without keys stores zeros (its LSE is -inf, so the combine step never reads them).
-    float* row_starts[kSlots];
+    // epilogue cycles, perf log session 30). A split's rows are consecutive partial rows.
+    // Rows past rows_here have no destination; a row without keys stores zeros (its LSE is
+    // -inf, so the combine step never reads them).
+    if (holds_row_lses) {
 #pragma unroll
-    for (int slot = 0; slot < kSlots; ++slot) {
-      const int row = row_of_slot(slot);
-      row_starts[slot] = row < rows_here ? args.partial_out + row_offsets[row] + accumulator_row(warp, lane, 0) : nullptr;
+      for (int slot = 0; slot < kSlots; ++slot) {
+        if (row_of_slot(slot) < rows_here) store_row_lse(args, destination, batch_index, row_of_slot(slot), row_lse[slot]);
+      }
     }
+    float* rows = partial_output_row(args, split, batch_index, 0) + accumulator_row(warp, lane, 0);
 #pragma unroll
-    for (int block = 0; block < kLatentDim / 64; ++block) {
+    for (int block = 0; block < kValueBlocks; ++block) {
 #pragma unroll
       for (int i = 0; i < kRows / 2; ++i) {
-        if (row_of_slot(slot_of(i)) < rows_here) {
-          row_starts[slot_of(i)][64 * block + accumulator_row(warp, lane, i) - accumulator_row(warp, lane, 0)] =
+        const int row = row_of_slot(slot_of(i));
+        if (row < rows_here) {
+          rows[row * kLatentDim + 64 * block + accumulator_row(warp, lane, i) - accumulator_row(warp, lane, 0)] =
               output[block][i] * normalizer[slot_of(i)];
         }
       }
@@ -412,13 +426,27 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     return;
   }
   // The final bf16 rows: the normalised O^T -> shared [row][dim] floats (the key stages are
-  // free: every tile landed and was consumed), so that rows are stored contiguously (per
-  // accumulator element a warp would write 2-byte pieces of 4 rows); and each row's
-  // destination, once per row (the stores below then run as independent shared loads and
-  // global stores: computed per stored quad, its division by the head count and 64-bit index
-  // chain serialised every quad; 0.5-1% of D2 on an H100, perf log session 15).
+  // free once every warp's O^T has read its tile: the barrier below), so that rows are stored
+  // contiguously (per accumulator element a warp would write 2-byte pieces of 4 rows); and each
+  // row's LSE and destination, one thread per row (the stores below then run as independent
+  // shared loads and global stores: computed per stored quad, the destination's division by
+  // the head count and 64-bit index chain serialised every quad; 0.5-1% of D2 on an H100, perf
+  // log session 15). (The exchange's last readers passed the last tile's P^T barrier.)
+  float* row_lses = exchange;  // [row]
+  if (holds_row_lses) {
 #pragma unroll
-  for (int block = 0; block < kLatentDim / 64; ++block) {
+    for (int slot = 0; slot < kSlots; ++slot) row_lses[row_of_slot(slot)] = row_lse[slot];
+  }
+  float* staged = reinterpret_cast<float*>(shared + Layout::kKeys);
+  int64_t* row_offsets = reinterpret_cast<int64_t*>(shared + Layout::kKeys + Layout::kStagedRowOffsets);
+  sync_narrow_consumers();
+  if (threadIdx.x < rows_here) {
+    const int row = threadIdx.x;
+    store_row_lse(args, destination, batch_index, row, row_lses[row]);
+    row_offsets[row] = destination_row_offset(args, destination, batch_index, row);
+  }
+#pragma unroll
+  for (int block = 0; block < kValueBlocks; ++block) {
 #pragma unroll
     for (int i = 0; i < kRows / 2; ++i) {
       const int row = accumulator_row(warp, lane, i);  // of O^T: a dim
