@@ -491,7 +491,8 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
         if ((i / 2) % 2 != 0 || row_of_slot(slot_of(i)) >= rows_here) continue;  // row r + 8: element i + 2
         const int dim = transposed_value_dim(j / 4, j % 4, accumulator_row(warp, lane, i));
         const float factor = normalizer[slot_of(i)];
-        *reinterpret_cast<float2*>(row_starts[slot_of(i)] + dim) = make_float2(output[j][i] * factor, output[j][i + 2] * factor);
+        *reinterpret_cast<float2*>(row_starts[slot_of(i)] + dim) =
+            make_float2(output[j][i] * factor, output[j][i + 2] * factor);
       }
     }
     return;

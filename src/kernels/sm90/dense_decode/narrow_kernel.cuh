@@ -21,8 +21,8 @@
 //   accumulator block (every M row of it a row sum, in the thread that holds the row's O^T),
 //   rescaled with O^T: the row sums need no shuffles, exchange or barrier at the end.
 // Shared memory: Q (9 swizzled blocks of kRows 128-byte lines), P^T and the residuals, the ones,
-// the maxima exchange, and two 72 KB key stages. 32-row tiles moved D2 Hq 32 off the 64-row kernel (431 -> 419 us on an H100,
-// as fast as Hq 16).
+// the maxima exchange, and two 72 KB key stages. 32-row tiles moved D2 Hq 32 off the 64-row
+// kernel (431 -> 419 us on an H100, as fast as Hq 16).
 // Pipeline: the next tile streams in while tile t is computed; two warpgroup barriers per tile
 // (one more when the reference moves, one more when the tile is partial). A tile lands in three
 // parts (kParts), S^T starting on the first.
@@ -408,7 +408,8 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     if (holds_row_lses) {
 #pragma unroll
       for (int slot = 0; slot < kSlots; ++slot) {
-        if (row_of_slot(slot) < rows_here) store_row_lse(args, destination, batch_index, row_of_slot(slot), row_lse[slot]);
+        const int row = row_of_slot(slot);
+        if (row < rows_here) store_row_lse(args, destination, batch_index, row, row_lse[slot]);
       }
     }
     float* rows = partial_output_row(args, split, batch_index, 0) + accumulator_row(warp, lane, 0);
