@@ -33,6 +33,7 @@
 // Limits: Sq * Hq <= 32 (tiles of 16 or 32 rows), bf16 / fp16 q and cache.
 #pragma once
 
+#include "kernels/generic/convert.cuh"
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
 
@@ -182,8 +183,9 @@ __device__ __forceinline__ void store_transposed_probabilities(const float (&sco
     add_to_row_sum(slot_of(i + 1), second);
     packed[i / 2] = pack_two<kHalf>(first, second);
     if (residual_rows != nullptr) {
-      const float2 rounded = unpack_two<kHalf>(packed[i / 2]);
-      residuals[i / 2] = pack_two<kHalf>(first - rounded.x, second - rounded.y);
+      const float first_rounded = half_to_float<kHalf>(uint16_t(packed[i / 2]));
+      const float second_rounded = half_to_float<kHalf>(uint16_t(packed[i / 2] >> 16));
+      residuals[i / 2] = pack_two<kHalf>(first - first_rounded, second - second_rounded);
     }
   }
   // Lane l addresses row l % 8 of matrix 4 x + l / 8: query row 8 j + l % 8, keys 16 warp + 8 h ..

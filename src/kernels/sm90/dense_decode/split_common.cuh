@@ -114,16 +114,6 @@ __device__ __forceinline__ uint32_t pack_two(float first, float second) {
   }
 }
 
-// The two floats that pack_two's register holds.
-template <bool kHalf>
-__device__ __forceinline__ float2 unpack_two(uint32_t packed) {
-  if constexpr (kHalf) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&packed));
-  } else {
-    return make_float2(__uint_as_float(packed << 16), __uint_as_float(packed & 0xffff0000u));
-  }
-}
-
 // Key tiles of a request of `length` keys.
 __device__ __forceinline__ int key_tiles_of(int length) { return (length + kTileKeys - 1) / kTileKeys; }
 
