@@ -179,6 +179,9 @@ void dense_decode(const DenseDecodeParams& params) {
   args.splits = int(plan.splits);
   args.balanced = plan.balanced;
   args.prefetch_before_wait = params.enable_pdl;
+  // Value halves (split_common.cuh key_range_of): only the 16-bit narrow kernel at 16 rows (D4,
+  // D5; the 32-row kernel runs at its register limit), only for partials (a uniform split plan).
+  args.halve_values = !plan.balanced && plan.splits >= 2 && !fp8_cache && args.rows <= 16;
   args.sm_count = sm_count;
   args.causal = params.causal;
   const float q_scale = fp8_q ? params.q_descale : 1.0f;

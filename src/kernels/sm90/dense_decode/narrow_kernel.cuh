@@ -30,6 +30,9 @@
 // writes bf16 output and LSE, several write fp32 partials for the combine step). The bf16 output
 // is staged through shared memory so that the stores are row-contiguous; fp32 partials go
 // straight from the accumulators (a warp's store covers whole 32-byte sectors of 4 rows).
+// Value halves (16 rows; split_common.cuh key_range_of): where a request has at most half as many
+// tiles as the grid has splits (D4 B1), two CTAs take each tile, both computing S^T and the
+// softmax, each O^T and the partial stores for 256 of the 512 value dims.
 // Limits: Sq * Hq <= 32 (tiles of 16 or 32 rows), bf16 / fp16 q and cache.
 #pragma once
 
@@ -200,6 +203,37 @@ __device__ __forceinline__ void store_transposed_probabilities(const float (&sco
   }
 }
 
+// O^T (value blocks [0, kBlocks) of output, 64 dims each) += V^T P^T, and the row sums
+// (output[8]) += ones P^T + ones (P - P^T). V^T block b is the K tile's block b read M-major
+// (from value_descriptor: make_descriptor(tile, 1024, KeyTileParts::group_stride(0)), moved to
+// the value half's part); a k step of 16 keys is two 8-key groups.
+template <bool kHalf, int kRows, int kBlocks>
+__device__ __forceinline__ void narrow_values(float (&output)[kLatentDim / 64 + 1][kRows / 2],
+                                              uint64_t value_descriptor, uint64_t ones_descriptor,
+                                              uint64_t probability_descriptor, uint64_t residual_descriptor) {
+  constexpr int kSumBlock = kLatentDim / 64;
+  wgmma_fence();
+#pragma unroll
+  for (int block = 0; block < kBlocks; ++block) {
+#pragma unroll
+    for (int k = 0; k < kTileKeys / 16; ++k) {
+      wgmma_rows_a_m_major<kHalf, kRows>(output[block], KeyTileParts::value_descriptor(value_descriptor, block, k),
+                                         advance_descriptor(probability_descriptor, 32 * k), true);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kTileKeys / 16; ++k) {
+    wgmma_rows_a_m_major<kHalf, kRows>(output[kSumBlock], ones_descriptor,
+                                       advance_descriptor(probability_descriptor, 32 * k), true);
+    wgmma_rows_a_m_major<kHalf, kRows>(output[kSumBlock], ones_descriptor,
+                                       advance_descriptor(residual_descriptor, 32 * k), true);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int block = 0; block <= kSumBlock; ++block) fence_accumulators(output[block]);
+}
+
 template <bool kHalf, int kRows>
 __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     dense_decode_narrow_kernel(const __grid_constant__ KeyMaps maps, SplitArgs args) {
@@ -215,7 +249,8 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   const int rows_here = args.rows;  // <= kRows: one row tile
   const CtaWork work = start_split_cta<2, false>(&maps, args, 0, rows_here, reinterpret_cast<int*>(stages));
   const int batch_index = work.batch_index, split = work.split;
-  const KeyRange range = split_key_range(args, work, 0, rows_here);
+  constexpr bool kMayHalve = kRows == 16;  // value halves (split_common.cuh key_range_of): D4, D5
+  const KeyRange range = split_key_range<kMayHalve>(args, work, 0, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;
 
@@ -258,6 +293,10 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) visible[slot] = __shfl_sync(0xffffffffu, lane_row_visible, row_of_slot(slot));
   const float logit_scale = args.logit_scale_log2;
+  // Value halves: O^T and the stores over 4 of the 8 value blocks, from block 4 value_half
+  // (warp-uniform, so that the branch between the two runs of O^T's wgmma is).
+  const bool halved = kMayHalve && warp_uniform(range.halved);
+  const int value_half = kMayHalve ? warp_uniform(range.value_half) : 0;
 
   // O^T: 8 M tiles of 64 dims x kRows, then the row sums' tile (kSumBlock).
   constexpr int kValueBlocks = kLatentDim / 64, kSumBlock = kValueBlocks;
@@ -359,29 +398,19 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     fence_shared_for_async_proxy();
     sync_narrow_consumers();  // P^T complete; the exchange reads are done
 
-    // O^T += V^T P^T, and the row sums += ones P^T. V^T block b (64 dims) is the K tile's block b
-    // read M-major; a k step of 16 keys is two 8-key groups.
-    const uint64_t value_descriptor = make_descriptor(keys, 1024, KeyTileParts::group_stride(0));
-    wgmma_fence();
-#pragma unroll
-    for (int block = 0; block < kValueBlocks; ++block) {
-#pragma unroll
-      for (int k = 0; k < kTileKeys / 16; ++k) {
-        wgmma_rows_a_m_major<kHalf, kRows>(output[block], KeyTileParts::value_descriptor(value_descriptor, block, k),
-                                           advance_descriptor(probability_descriptor, 32 * k), true);
-      }
+    // O^T += V^T P^T, and the row sums (narrow_values). Halved, accumulator block b holds value
+    // block 4 value_half + b (the second latent part, one part further: the same layout). (Each
+    // path one straight run of wgmma: a branch inside the group made ptxas add a fence.)
+    static_assert(KeyTileParts::first_block(1) == kValueBlocks / 2, "a value half is one latent part");
+    const uint64_t value_descriptor =
+        make_descriptor(keys + value_half * KeyTileParts::part_start(1), 1024, KeyTileParts::group_stride(0));
+    if (halved) {
+      narrow_values<kHalf, kRows, kValueBlocks / 2>(output, value_descriptor, ones_descriptor, probability_descriptor,
+                                                     residual_descriptor);
+    } else {
+      narrow_values<kHalf, kRows, kValueBlocks>(output, value_descriptor, ones_descriptor, probability_descriptor,
+                                                residual_descriptor);
     }
-#pragma unroll
-    for (int k = 0; k < kTileKeys / 16; ++k) {
-      wgmma_rows_a_m_major<kHalf, kRows>(output[kSumBlock], ones_descriptor,
-                                         advance_descriptor(probability_descriptor, 32 * k), true);
-      wgmma_rows_a_m_major<kHalf, kRows>(output[kSumBlock], ones_descriptor,
-                                         advance_descriptor(residual_descriptor, 32 * k), true);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int block = 0; block <= kValueBlocks; ++block) fence_accumulators(output[block]);
     mbarrier_arrive(&empty[stage]);
   }
 
@@ -407,16 +436,21 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     // epilogue cycles, perf log session 30). A split's rows are consecutive partial rows.
     // Rows past rows_here have no destination; a row without keys stores zeros (its LSE is
     // -inf, so the combine step never reads them).
+    // Halved: half 0 stores the LSEs, half 1 -inf at its own split's slot (the values go to the
+    // key split's row).
     if (holds_row_lses) {
 #pragma unroll
       for (int slot = 0; slot < kSlots; ++slot) {
         const int row = row_of_slot(slot);
-        if (row < rows_here) store_row_lse(args, destination, batch_index, row, row_lse[slot]);
+        const float lse = value_half == 0 ? row_lse[slot] : -INFINITY;
+        if (row < rows_here) store_row_lse(args, destination, batch_index, row, lse);
       }
     }
-    float* rows = partial_output_row(args, split, batch_index, 0) + accumulator_row(warp, lane, 0);
+    float* rows = partial_output_row(args, range.key_split, batch_index, 0) + value_half * (kLatentDim / 2) +
+                  accumulator_row(warp, lane, 0);
 #pragma unroll
     for (int block = 0; block < kValueBlocks; ++block) {
+      if (block == kValueBlocks / 2 && halved) break;
 #pragma unroll
       for (int i = 0; i < kRows / 2; ++i) {
         const int row = row_of_slot(slot_of(i));

@@ -45,6 +45,7 @@ struct SplitArgs {
   int splits;     // the grid's splits per request
   bool balanced;  // plan.balanced: each request uses 1..splits of them (split_key_range)
   bool prefetch_before_wait;  // enable_pdl: a uniform plan's CTA prefetches its first tiles (start_split_cta)
+  bool halve_values;  // short requests' splits in value halves (key_range_of; the 16-bit narrow kernel, 16 rows)
   int sm_count;   // the plan's SM count (a balanced plan's chunk size)
   bool causal;
   float logit_scale_log2;  // softmax_scale * q_descale * kv_scale * log2(e)
@@ -270,34 +271,57 @@ __device__ __forceinline__ OutputDestination output_destination(const SplitArgs&
 // chunks of whole key tiles (kTileKeys), and limited (causal) to what the tile's last row can
 // see. `splits` is the request's (splits_of_request); a split at or past it is unused: its CTA
 // writes nothing.
+// Value halves (args.halve_values): a request of at most splits / 2 key tiles would leave half
+// of its splits without keys (D4 B1: 64 tiles, 128 splits). Instead splits s and s + splits / 2
+// both take key split s's tile and split its value dims: each computes the whole S^T and softmax
+// (the same instructions on the same data, so the same P), but O^T and the partial stores over
+// 256 of the 512 dims, the two longest steps of a one-tile CTA's chain. Both write key split s's
+// partial row (half 0 dims 0..255 and the LSE, half 1 dims 256..511); half 1 writes LSE -inf at
+// its own split's slot, so that the combine step skips that slot (an odd last split has no
+// partner and no keys: LSE -inf). (Both CTAs load the whole tile. Splitting S^T's dims between
+// the two CTAs of a cluster, with the partial scores exchanged through distributed shared
+// memory, loaded half a tile each but measured no faster, and the cluster launch slowed the
+// plans that it did not halve: perf log, session 45.)
 struct KeyRange {
   int length, begin, end, tiles;
   int splits;
   bool in_use;
+  bool halved;     // this request's splits work in value halves (above)
+  int value_half;  // 0: dims 0..255 (all 512 unless halved), 1: dims 256..511
+  int key_split;   // whose keys, and whose partial row the values go to (the split unless halved)
 };
 // The key range of a request of `length` keys; split_count: the request's (splits_of_request).
+// kMayHalve: the kernel can work in value halves (above). (The prefetch before the PDL wait takes
+// the range without them: a halved request's tiles are prefetched once, by the half-0 splits.)
+template <bool kMayHalve = false>
 __device__ __forceinline__ KeyRange key_range_of(const SplitArgs& args, int split, int length, int split_count,
                                                  int first_row, int rows_here) {
   KeyRange range;
   range.length = length;
   range.splits = split_count;
   range.in_use = split < range.splits;
+  const int pairs = split_count / 2;
+  range.halved = kMayHalve && args.halve_values && key_tiles_of(length) <= pairs;
+  range.value_half = range.halved && split >= pairs ? 1 : 0;
+  range.key_split = !range.halved ? split : split < pairs ? split : split < 2 * pairs ? split - pairs : pairs;
+  const int key_splits = range.halved ? pairs : range.splits;
   const int last_token = (first_row + rows_here - 1) / args.heads;
   const int visible_max = args.causal ? min(range.length, range.length - args.query_tokens + last_token + 1)
                                       : range.length;
   const int per_split =
-      (max((range.length + range.splits - 1) / range.splits, kMinKeysPerSplit) + kTileKeys - 1) / kTileKeys * kTileKeys;
-  range.begin = split * per_split;
+      (max((range.length + key_splits - 1) / key_splits, kMinKeysPerSplit) + kTileKeys - 1) / kTileKeys * kTileKeys;
+  range.begin = range.key_split * per_split;
   range.end = min(visible_max, range.begin + per_split);
   range.tiles = range.in_use && range.end > range.begin ? key_tiles_of(range.end - range.begin) : 0;
   return range;
 }
+template <bool kMayHalve = false>
 __device__ __forceinline__ KeyRange split_key_range(const SplitArgs& args, const CtaWork& work, int first_row,
                                                     int rows_here) {
   const int batch_index = work.batch_index, split = work.split;
   const int length = args.seq_lens[batch_index * args.seq_lens_stride];
-  const KeyRange range = key_range_of(args, split, length, splits_of_request(args, key_tiles_of(length), work.lengths_even),
-                                      first_row, rows_here);
+  const int split_count = splits_of_request(args, key_tiles_of(length), work.lengths_even);
+  const KeyRange range = key_range_of<kMayHalve>(args, split, length, split_count, first_row, rows_here);
   // The combine step's count (one writer per request: row tile 0 of split 0).
   if (args.balanced && blockIdx.x == 0 && split == 0 && threadIdx.x == 0) {
     args.split_counts[batch_index] = range.splits;
