@@ -795,6 +795,18 @@ TEST(DenseDecodeGpuGraph, ReplayFollowsNewLengthsAndBlockTables) {
                         /*page_count=*/3 * 10 + 2);  // room for any lengths <= 640
 }
 
+// The 16-bit narrow kernel's value halves (split_common.cuh key_range_of): 3 requests of 16 rows
+// take 44 splits, and a request of at most 22 key tiles (1408 keys) has each tile computed by two
+// CTAs, one per value half. Requests with and without halves in the same call, and a request
+// that changes between them from replay to replay (its odd splits' LSE slots must be -inf again
+// after a replay that wrote real LSEs there).
+TEST(DenseDecodeGpuGraph, ReplayFollowsValueHalves) {
+  OPENMLA_REQUIRE_GPU();
+  const DecodeCase c{3, 1, 16, 2048, 64, true, false};
+  expect_replays_follow(c, {{100, 1408, 0}, {2048, 17, 1409}, {1408, 2048, 64}}, /*table_width=*/34,
+                        /*page_count=*/3 * 34 + 2);
+}
+
 // A balanced plan (130 requests): equal lengths (one split each, no partials), then ragged ones
 // (the long requests take two splits), then equal again: the combine step must follow each
 // replay's split counts, never an earlier one's (a stale 2 would merge old partials over a
