@@ -209,6 +209,19 @@ __device__ __forceinline__ void start_early_loads(const KeyMaps* maps, const Spl
   }
 }
 
+// A uniform plan's first key tile's block-table entries, read with PDL right after the wait (so
+// they are valid) by the thread that prefetched the tile, at the places that the request's length
+// as read before the wait gives: those loads are then in flight beside every thread's seq_lens
+// read, and published in shared memory before the CTA barrier (publish_early_pages). The
+// producer takes them where the length read after the wait gives the same first key and no more
+// boxes (KeyTileLoader::take_early_pages), else reads the table itself. Read only by the producer
+// after the barrier, the table was a second dependent round trip after seq_lens: ~0.4 us of a D4
+// CTA's ~0.8 us from its CTA barrier to its tile's issue (perf log, session 43).
+struct EarlyPages {
+  int first_key, boxes;       // first_key -1: none
+  int pages[kTileKeys / 16];  // a tile's boxes at the smallest page size
+};
+
 // Issues a split's key tiles by TMA (one thread): reads the block-table entries of a tile's
 // pages (only pages that hold keys of the sequence: entries past its end may be garbage) and
 // issues per page one box per part of the tile (16-bit: KeyParts, KeyTileParts or
@@ -233,6 +246,15 @@ struct KeyTileLoader {
 
   __device__ __forceinline__ int boxes_of(int tile) const {
     return (min(kTileKeys, range.length - (range.begin + tile * kTileKeys)) + box_tokens - 1) / box_tokens;
+  }
+  // Tile 0's entries from `early` (EarlyPages, in shared memory) where they are this range's;
+  // false where the caller must read them (read_pages).
+  __device__ __forceinline__ bool take_early_pages(const EarlyPages& early) {
+    const int boxes = boxes_of(0);
+    if (early.first_key != range.begin || early.boxes < boxes) return false;
+#pragma unroll
+    for (int box = 0; box < kMaxBoxes; ++box) pages[box] = box < boxes ? early.pages[box] : 0;
+    return true;
   }
   // Read before waiting for the tile's stage, so that the table's latency is not added to the refill.
   __device__ __forceinline__ void read_pages(int tile) {
@@ -288,12 +310,14 @@ struct KeyTileLoader {
 // The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
 // kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile
 // (KeyParts: the 16-bit tile's layout).
+// early (optional): tile 0's entries as published before the CTA barrier (EarlyPages).
 template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1, class KeyParts = KeyTileParts>
 __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
-                                                  uint8_t* stages, uint64_t* full, uint64_t* empty) {
+                                                  uint8_t* stages, uint64_t* full, uint64_t* empty,
+                                                  const EarlyPages* early = nullptr) {
   KeyTileLoader<kFp8Cache, KeyParts> loader(maps, args, table_row, range, stages);
-  loader.read_pages(0);
+  if (early == nullptr || !loader.take_early_pages(*early)) loader.read_pages(0);
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % kStages;
     if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) % 2);
@@ -323,9 +347,10 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
 // unrolled: a rolled loop made ptxas spill in every kernel, and unrolled for a tile of four pages
 // this was 7 KB of code before the wait.
 constexpr int kMaxPrefetchBoxes = 2;
+// Returns the length it read.
 template <bool kFp8Cache>
-__device__ __forceinline__ void prefetch_first_key_tiles(const KeyMaps* maps, const SplitArgs& args, int first_row,
-                                                         int rows_here) {
+__device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, const SplitArgs& args, int first_row,
+                                                        int rows_here) {
   const int batch_index = int(blockIdx.y);
   const int length = __ldcg(args.seq_lens + batch_index * args.seq_lens_stride);
   const KeyRange range = key_range_of(args, int(blockIdx.z), length, args.splits, first_row, rows_here);
@@ -343,28 +368,66 @@ __device__ __forceinline__ void prefetch_first_key_tiles(const KeyMaps* maps, co
     tma_prefetch_group_box(&maps->latent, 0, 0, group, page);  // the latent part (block 0 on)
     if constexpr (kFp8Cache) tma_prefetch_group_box(&maps->rope, raw_rope_first_dim(args.page_shift), 0, group, page);
   }
+  return length;
 }
 
 // Every split kernel's prologue up to its work (all threads). A uniform plan's CTA knows its
 // request and split from its grid position, so before the PDL wait it starts what needs no
 // input the previous grid may write (start_early_loads) and, with PDL, prefetches its first key
 // tiles; a balanced plan's (cta_work ranks the requests by length) only after the wait.
+// early (optional): with PDL the prefetching thread also reads its first tile's entries right
+// after the wait (EarlyPages; first_key -1 in every other thread and without PDL).
 template <int kQueryElementBytes, bool kFp8Cache>
 __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const SplitArgs& args, int first_row,
-                                                   int rows_here, int* scratch) {
+                                                   int rows_here, int* scratch, EarlyPages* early = nullptr) {
+  if (early != nullptr) {
+    early->first_key = -1;
+    early->boxes = 0;
+  }
   if (!args.balanced) {
     start_early_loads<kQueryElementBytes>(maps, args, int(blockIdx.y), first_row, rows_here);
     if (args.prefetch_before_wait && threadIdx.x == blockDim.x - 1) {
-      prefetch_first_key_tiles<kFp8Cache>(maps, args, first_row, rows_here);
+      const int length = prefetch_first_key_tiles<kFp8Cache>(maps, args, first_row, rows_here);
+      if (early != nullptr) {  // where the first tile's entries are (after the wait, only the loads)
+        const KeyRange range = key_range_of(args, int(blockIdx.z), length, args.splits, first_row, rows_here);
+        if (range.tiles > 0) {
+          // (Only boxes whose entries lie in the table's row: the length may be stale.)
+          const int box_tokens = min(1 << args.page_shift, kTileKeys);
+          const int table_keys = args.block_table_columns << args.page_shift;
+          early->first_key = range.begin;
+          early->boxes = max(0, (min(range.begin + kTileKeys, min(length, table_keys)) - range.begin + box_tokens - 1) /
+                                    box_tokens);
+        }
+      }
     }
   }
   // PDL: inputs may come from the previous kernel in the stream; and the combine kernel may be
   // scheduled now (it waits for this whole grid before reading).
   wait_for_previous_grid();
   allow_next_grid();
+  if (early != nullptr && early->first_key >= 0) {
+    const int32_t* table_row = args.block_table + int(blockIdx.y) * args.block_table_row;
+    const int box_tokens = min(1 << args.page_shift, kTileKeys);
+#pragma unroll
+    for (int box = 0; box < kTileKeys / 16; ++box) {
+      early->pages[box] = box < early->boxes ? table_row[(early->first_key + box * box_tokens) >> args.page_shift] : 0;
+    }
+  }
   const CtaWork work = cta_work(args, scratch);
   if (args.balanced) start_early_loads<kQueryElementBytes>(maps, args, work.batch_index, first_row, rows_here);
   return work;
+}
+
+// The prefetching thread's EarlyPages (start_split_cta) into `slot` (shared memory that nothing
+// uses before the producer has issued tile 1: stage 1), for the producer after the CTA barrier;
+// called after the CTA's seq_lens read (split_key_range), so that the entries' loads overlap it.
+// Every CTA's slot is written (first_key -1: none).
+__device__ __forceinline__ void publish_early_pages(const EarlyPages& early, EarlyPages* slot) {
+  if (threadIdx.x == blockDim.x - 1) *slot = early;
+}
+template <bool kFp8Cache>
+__device__ __forceinline__ EarlyPages* early_pages_slot(uint8_t* stages) {
+  return reinterpret_cast<EarlyPages*>(stages + KeyTileLoader<kFp8Cache>::kStageStride);
 }
 
 // Keeps the compiler from moving reads of wgmma accumulators above the wait that makes them

@@ -158,10 +158,12 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   auto phase_of = [](int tile) { return (tile / 2) % 2; };
 
   const int rows_here = args.rows;  // <= kRows: one row tile
+  EarlyPages early;
   const CtaWork work =
-      start_split_cta<(kFp8Q ? 1 : 2), true>(&maps, args, 0, rows_here, reinterpret_cast<int*>(stages));
+      start_split_cta<(kFp8Q ? 1 : 2), true>(&maps, args, 0, rows_here, reinterpret_cast<int*>(stages), &early);
   const int batch_index = work.batch_index, split = work.split;
   const KeyRange range = split_key_range(args, work, 0, rows_here);
+  publish_early_pages(early, early_pages_slot<true>(stages));
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;
 
@@ -181,7 +183,8 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   if (warpgroup == Layout::kProducerGroup) {
     set_register_count<kProducerRegisters, false>();
     if (threadIdx.x == Layout::kProducerGroup * 128) {
-      produce_key_tiles<true, kStages>(&maps, args, table_row, range, stages, full, empty);
+      produce_key_tiles<true, kStages>(&maps, args, table_row, range, stages, full, empty,
+                                       early_pages_slot<true>(stages));
     }
     return;
   }

@@ -247,9 +247,9 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   uint8_t* stages = shared + Layout::kKeys;
 
   const int rows_here = args.rows;  // <= kRows: one row tile
+  constexpr bool kMayHalve = kRows == 16;  // value halves (split_common.cuh key_range_of): D4, D5
   const CtaWork work = start_split_cta<2, false>(&maps, args, 0, rows_here, reinterpret_cast<int*>(stages));
   const int batch_index = work.batch_index, split = work.split;
-  constexpr bool kMayHalve = kRows == 16;  // value halves (split_common.cuh key_range_of): D4, D5
   const KeyRange range = split_key_range<kMayHalve>(args, work, 0, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;
