@@ -856,7 +856,7 @@ TEST(DenseDecodeGpuPdl, InputsWrittenByThePreviousKernel) {
       {2, 2, 16, 4096, 16, true, true, kBf16, kFp8},  // narrow FP8 kernel, 32 rows, pages of 16
       {2, 1, 128, 4096, 256, false, false},           // 64-row kernel
       {2, 1, 16, 4096, 128, true, false, kFp8, kFp8},
-      {1, 1, 16, 4096, 64, true, false, kBf16, kFp8},  // D4 B1's plan: early table entries on every split
+      {1, 1, 16, 4096, 64, true, false, kBf16, kFp8},  // D4 B1's plan (one request, 128 splits): early table entries
   };
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);  // blocking: ordered after cudaMemcpy

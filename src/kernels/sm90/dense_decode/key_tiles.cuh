@@ -395,8 +395,8 @@ __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const Sp
       const int length = prefetch_first_key_tiles<kFp8Cache>(maps, args, first_row, rows_here);
       // Where the first tile's entries are (after the wait, only the loads). (The range is worked
       // out again: ptxas does not merge it with the prefetch's, ~45 instructions, but returning it
-      // from there measured FP8 D4 B2 PDL 1.5-2.4% slower in three A/B calls, B4 1.3% faster:
-      // perf log, session 46.)
+      // from there measured FP8 D4 B2 PDL 1.7% and 2.4% slower in two A/B calls, B4 1.1-1.4%
+      // faster: perf log, session 46.)
       const KeyRange range = key_range_of(args, int(blockIdx.z), length, args.splits, first_row, rows_here);
       if (early != nullptr && range.tiles > 0) {
         // (Only boxes whose entries lie in the table's row: the length may be stale.)
