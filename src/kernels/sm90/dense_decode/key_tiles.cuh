@@ -213,6 +213,17 @@ __device__ __forceinline__ void start_early_loads(const KeyMaps* maps, const Spl
 __device__ __forceinline__ int box_tokens_of(const SplitArgs& args) { return min(1 << args.page_shift, kTileKeys); }
 // Boxes that hold `keys` consecutive keys from a tile's start.
 __device__ __forceinline__ int boxes_for_keys(int keys, int box_tokens) { return (keys + box_tokens - 1) / box_tokens; }
+// Pages a tile spans at most (at the smallest page size, one box each).
+constexpr int kMaxTileBoxes = kTileKeys / 16;
+// The block-table entries of the first `boxes` boxes of the tile at `first_key` (0 for the others:
+// entries past a sequence's end may be garbage, so they are never read).
+__device__ __forceinline__ void read_table_entries(const SplitArgs& args, const int32_t* table_row, int first_key,
+                                                   int boxes, int box_tokens, int (&pages)[kMaxTileBoxes]) {
+#pragma unroll
+  for (int box = 0; box < kMaxTileBoxes; ++box) {
+    pages[box] = box < boxes ? table_row[(first_key + box * box_tokens) >> args.page_shift] : 0;
+  }
+}
 
 // A uniform plan's first key tile's block-table entries, read with PDL right after the wait (so
 // they are valid) by the thread that prefetched the tile, at the places that the request's length
@@ -224,7 +235,7 @@ __device__ __forceinline__ int boxes_for_keys(int keys, int box_tokens) { return
 // CTA's ~0.8 us from its CTA barrier to its tile's issue (perf log, session 43).
 struct EarlyPages {
   int first_key, boxes;       // first_key -1: none
-  int pages[kTileKeys / 16];  // a tile's boxes at the smallest page size
+  int pages[kMaxTileBoxes];
 };
 
 // Issues a split's key tiles by TMA (one thread): reads the block-table entries of a tile's
@@ -235,14 +246,13 @@ struct EarlyPages {
 template <bool kFp8Cache, class KeyParts = KeyTileParts>
 struct KeyTileLoader {
   static constexpr int kStageStride = kFp8Cache ? kWideRawStageBytes : kTileBlockBytes;
-  static constexpr int kMaxBoxes = kTileKeys / 16;  // pages per tile at the smallest page size
   const KeyMaps* maps;
   const SplitArgs& args;
   const int32_t* table_row;
   const KeyRange& range;
   uint8_t* stages;
   int box_tokens;
-  int pages[kMaxBoxes];
+  int pages[kMaxTileBoxes];
 
   __device__ __forceinline__ KeyTileLoader(const KeyMaps* maps, const SplitArgs& args, const int32_t* table_row,
                                            const KeyRange& range, uint8_t* stages)
@@ -258,16 +268,12 @@ struct KeyTileLoader {
     const int boxes = boxes_of(0);
     if (early.first_key != range.begin || early.boxes < boxes) return false;
 #pragma unroll
-    for (int box = 0; box < kMaxBoxes; ++box) pages[box] = box < boxes ? early.pages[box] : 0;
+    for (int box = 0; box < kMaxTileBoxes; ++box) pages[box] = box < boxes ? early.pages[box] : 0;
     return true;
   }
   // Read before waiting for the tile's stage, so that the table's latency is not added to the refill.
   __device__ __forceinline__ void read_pages(int tile) {
-    const int first_key = range.begin + tile * kTileKeys, boxes = boxes_of(tile);
-#pragma unroll
-    for (int box = 0; box < kMaxBoxes; ++box) {
-      pages[box] = box < boxes ? table_row[(first_key + box * box_tokens) >> args.page_shift] : 0;
-    }
+    read_table_entries(args, table_row, range.begin + tile * kTileKeys, boxes_of(tile), box_tokens, pages);
   }
   // Tile `tile` (its pages read last) into stage `stage`; landed[part] counts the bytes of its
   // part (16-bit: KeyParts, issued part by part so that a consumer may start on the first;
@@ -290,7 +296,7 @@ struct KeyTileLoader {
       // The rope part: an FP8 box reads 128 dims of a view of whole rows (raw_rope_first_dim).
       const bool fp8_rope = kFp8Cache && part == kRope;
 #pragma unroll
-      for (int box = 0; box < kMaxBoxes; ++box) {
+      for (int box = 0; box < kMaxTileBoxes; ++box) {
         if (box >= boxes) break;
         const int group = ((first_key + box * box_tokens) & ((1 << args.page_shift) - 1)) / 8;
         tma_load_group_box(destination + Parts::part_start(part) + box * groups * Parts::blocks_in(part) * 1024,
@@ -413,11 +419,7 @@ __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const Sp
   allow_next_grid();
   if (early != nullptr && early->first_key >= 0) {
     const int32_t* table_row = args.block_table + int(blockIdx.y) * args.block_table_row;
-    const int box_tokens = min(1 << args.page_shift, kTileKeys);
-#pragma unroll
-    for (int box = 0; box < kTileKeys / 16; ++box) {
-      early->pages[box] = box < early->boxes ? table_row[(early->first_key + box * box_tokens) >> args.page_shift] : 0;
-    }
+    read_table_entries(args, table_row, early->first_key, early->boxes, box_tokens_of(args), early->pages);
   }
   const CtaWork work = cta_work(args, scratch);
   if (args.balanced) start_early_loads<kQueryElementBytes>(maps, args, work.batch_index, first_row, rows_here);
