@@ -6,16 +6,14 @@
 // (bottom-right aligned); without, it sees all seq_lens[b] keys. Key t of request b lives in
 // kv_cache[block_table[b][t / page_size], t % page_size]. Entries of block_table past a
 // request's last page are never read. seq_lens[b] == 0 gives output 0 and LSE -inf.
-// Precision: a 16-bit cache computes in bf16 / fp16 with fp32 accumulation. An FP8 cache with
-// a 16-bit q computes P V in fp16 (e4m3 widens exactly); with at most 32 query rows per request
-// (Sq x Hq) S runs on FP8 tensor cores, q as two e4m3 parts (~8 significant bits, as bf16 has)
-// accumulated at ~13 bits per step: up to ~2e-3 relative on the output and ~1e-3 (1 + |LSE|)
-// on the LSE beyond the error of the fp8 cache itself (the tests allow 1e-2 and 3e-3). fp8 q
-// with an FP8 cache and more than 32 rows runs both products on FP8 tensor cores with the
-// probabilities rounded to e4m3: about 1.5-2% on the output, growing with the keys of one split
-// (~1% at 16K keys). FP8 tensor cores truncate each accumulation step, so where logits are large
-// and the values add up coherently that error is a bias: 3.5% on the output and 4e-3 (1 + |LSE|)
-// with logits of ~60 (the tests allow 4% and 5e-3; bf16 q on the same inputs: 0.2%).
+// Precision: a 16-bit cache computes in bf16 / fp16 with fp32 accumulation. An FP8 cache
+// computes S = Q K^T on FP8 tensor cores from the raw e4m3 keys (a bf16 q as two e4m3 parts,
+// ~8 significant bits as bf16 has; an fp8 q as it is), which keep ~13 bits of each accumulation
+// step, and P V in fp16 with fp32 accumulation (e4m3 widens exactly to fp16), whatever q's
+// dtype: up to ~2e-3 relative on the output and ~2e-3 (1 + |LSE|) on the LSE beyond the error
+// of the fp8 inputs themselves. The tests allow 1e-2 and 3e-3, also with logits of ~60 and
+// values that add up coherently over long splits (where an output product on FP8 tensor cores,
+// which an earlier kernel used for an fp8 q, drifted by 3.5-41%).
 #pragma once
 
 #include "openmla/common.h"

@@ -62,10 +62,9 @@ def mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal=False, 
     into L2 meanwhile (it reads every input only after waiting for that kernel); the op's last
     kernel lets the next PDL-launched kernel start early. (The combine step, where there is
     one, always overlaps the attention kernel so.) No effect on CPU.
-    fp8 q with an fp8 cache and Sq * Hq > 32 runs on FP8 tensor cores with the probabilities
-    rounded to e4m3 (about 1.5-2% relative error on the output beyond the fp8 inputs' own, up
-    to ~3.5% where logits are large (~60) and the values add up coherently: FP8 tensor cores
-    truncate each accumulation step).
+    Precision with an fp8 cache (bf16 or fp8 q): S on FP8 tensor cores (a bf16 q as two e4m3
+    parts), P V in fp16 with fp32 accumulation: up to ~2e-3 relative on the output and ~2e-3
+    (1 + |LSE|) on the LSE beyond the fp8 inputs' own error (include/openmla/dense_decode.h).
     Returns out [B, Sq, Hq, 512] bf16, and lse [B, Sq, Hq] with return_lse.
     """
     if out is None:

@@ -13,6 +13,8 @@
 # held to the same: no kernel runs P V on fp8 tensor cores (one that did needed 4e-2, and drifted
 # by 11-41% on values that share a component: test_mla_decode_gpu_fp8_cache_coherent_values).
 import math
+import os
+import random
 
 import pytest
 import torch
@@ -265,6 +267,75 @@ def test_mla_decode_gpu_fp8_cache_coherent_values(generator, batch, query_tokens
         key_shift=lambda position: direction.expand(len(position), -1))
     out, lse, expected_out, expected_lse = _decode_and_reference(q, cache, block_table, lengths)
     _check(out, lse, expected_out, expected_lse, kv_dtype=FP8)
+
+
+# The random sweep: shapes drawn from the whole supported space, so that the plans' corners
+# (row tiles of 1..128 rows, halved and balanced splits, folded tokens, page sizes against
+# tile sizes, empty and short requests) meet each other in combinations no list above names.
+# Each case is reproducible from its id's number and the seed. OPENMLA_RANDOM_DECODE_CASES
+# (default 100: ~5 s on an H100) and OPENMLA_RANDOM_DECODE_SEED (default 20261128) widen or
+# move the sweep (400 cases took 15 s).
+_DTYPE_PAIRS = [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+                (torch.bfloat16, FP8), (FP8, FP8)]
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", FP8: "fp8"}
+# Head counts at the kernels' row-tile boundaries (16 / 32 / 64 rows) besides uniform ones.
+_EDGE_HEADS = [1, 3, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 126, 127, 128]
+
+
+def _random_decode_cases(count, seed):
+    cases = []
+    for index in range(count):
+        rng = random.Random(seed * 100003 + index)
+        q_dtype, kv_dtype = rng.choice(_DTYPE_PAIRS)
+        heads = rng.choice([rng.randint(1, 128), rng.choice(_EDGE_HEADS)])
+        query_tokens = rng.randint(1, 8)
+        page_size = rng.choice([16, 32, 64, 128, 256])
+        batch = rng.choice([rng.randint(1, 4), rng.randint(5, 40), rng.randint(41, 300)])
+        if rng.random() < 0.15:
+            longest = rng.randint(1, 16)
+        else:  # log-uniform, so that short and long requests are drawn alike
+            longest = int(math.exp(rng.uniform(math.log(16), math.log(33000))))
+        # At most 400K cached tokens and 1.2e8 logits, so that the float32 reference fits.
+        longest = max(1, min(longest, 400_000 // batch, 120_000_000 // (batch * query_tokens * heads)))
+        case = dict(batch=batch, query_tokens=query_tokens, heads=heads, longest=longest,
+                    varlen=batch >= 2 and rng.random() < 0.7, causal=rng.random() < 0.5,
+                    page_size=page_size, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                    base2=rng.random() < 0.3, pdl=rng.random() < 0.3,
+                    four_d=rng.random() < 0.2, padded_cache=rng.random() < 0.15,
+                    seed=rng.getrandbits(62))
+        flags = [name for name in ("varlen", "causal", "base2", "pdl", "four_d", "padded_cache")
+                 if case[name]]
+        name = (f"{index:03d}-B{batch}-Sq{query_tokens}-Hq{heads}-Lk{longest}-page{page_size}-"
+                f"{_DTYPE_NAMES[q_dtype]}-{_DTYPE_NAMES[kv_dtype]}" + "".join(f"-{f}" for f in flags))
+        cases.append(pytest.param(case, id=name))
+    return cases
+
+
+@pytest.mark.parametrize("case", _random_decode_cases(
+    int(os.environ.get("OPENMLA_RANDOM_DECODE_CASES", "100")),
+    int(os.environ.get("OPENMLA_RANDOM_DECODE_SEED", "20261128"))))
+def test_mla_decode_gpu_random_shapes(case):
+    generator = torch.Generator().manual_seed(case["seed"])
+    seq_lens = _lengths(case["batch"], case["longest"], case["varlen"], case["query_tokens"],
+                        generator)
+    if case["varlen"]:  # the longest, the empty and the short request anywhere in the batch
+        seq_lens = [seq_lens[i] for i in torch.randperm(len(seq_lens), generator=generator)]
+    q, cache, block_table, lengths = _decode_inputs(
+        seq_lens, case["query_tokens"], case["heads"], case["page_size"], case["q_dtype"],
+        case["kv_dtype"], generator, cache_with_head_dim=case["four_d"],
+        padded_cache=case["padded_cache"])
+    out = poisoned(q.shape[:3] + (512,), torch.bfloat16, device="cuda")
+    workspace = torch.full((openmla.get_mla_decode_workspace_size(q, cache, block_table, lengths),),
+                           0xFF, dtype=torch.uint8, device="cuda")
+
+    _, lse = openmla.mla_decode(q, cache, block_table, lengths, SOFTMAX_SCALE,
+                                causal=case["causal"], q_descale=Q_DESCALE, kv_scale=KV_SCALE,
+                                return_lse=True, lse_base2=case["base2"], workspace=workspace,
+                                out=out, enable_pdl=case["pdl"])
+    torch.cuda.synchronize()
+
+    expected_out, expected_lse = _reference(q, cache, block_table, lengths, case["causal"])
+    _check(out, lse, expected_out, expected_lse, case["base2"], case["kv_dtype"])
 
 
 @pytest.mark.parametrize("heads,kv_dtype", [
