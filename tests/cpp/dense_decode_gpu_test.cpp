@@ -508,6 +508,9 @@ const DecodeCase kSmallCases[] = {
       c.pdl = true;
     }),
     with({3, 1, 20, 140, 64, true, false, kBf16, kFp8}, [](DecodeCase& c) { c.pdl = true; }),
+    // One request in value halves (split_common.cuh key_range_of) at pages of 16, causal, its
+    // last tile partial (zeroed lines in both halves).
+    {1, 1, 9, 1000, 16, false, true},
 };
 
 const DecodeCase kCoveringCases[] = {
@@ -766,8 +769,9 @@ void expect_replays_follow(const DecodeCase& c, const std::vector<std::vector<in
 
   for (size_t set = 0; set < length_sets.size(); ++set) {
     const std::vector<int32_t>& lengths = length_sets[set];
-    SCOPED_TRACE("length set " + std::to_string(set) + ": seq_lens " + std::to_string(lengths[0]) + ", " +
-                 std::to_string(lengths[1]) + ", " + std::to_string(lengths[2]) + ", ...");
+    std::string listed;
+    for (size_t b = 0; b < lengths.size() && b < 4; ++b) listed += (b ? ", " : "") + std::to_string(lengths[b]);
+    SCOPED_TRACE("length set " + std::to_string(set) + ": seq_lens " + listed + (lengths.size() > 4 ? ", ..." : ""));
     const DecodeInputs inputs = make_inputs(c, lengths, rng, table_width, page_count);
     call.q.copy_from(inputs.q_buffer);
     call.cache.copy_from(inputs.cache);
@@ -805,6 +809,16 @@ TEST(DenseDecodeGpuGraph, ReplayFollowsValueHalves) {
   const DecodeCase c{3, 1, 16, 2048, 64, true, false};
   expect_replays_follow(c, {{100, 1408, 0}, {2048, 17, 1409}, {1408, 2048, 64}}, /*table_width=*/34,
                         /*page_count=*/3 * 34 + 2);
+}
+
+// One request of 16 rows (D4 B1's plan: 128 splits on 132 SMs) in value halves: replays switch
+// between halves (at most 64 tiles; a single key; a partial last tile), a request too long to
+// halve (128 tiles: one a split, every split whole) and no keys at all.
+TEST(DenseDecodeGpuGraph, ReplayFollowsOneRequestsValueHalves) {
+  OPENMLA_REQUIRE_GPU();
+  const DecodeCase c{1, 1, 16, 8192, 64, false, false};
+  expect_replays_follow(c, {{4096}, {8192}, {1}, {0}, {4033}, {4096}}, /*table_width=*/130,
+                        /*page_count=*/130 + 2);
 }
 
 // A balanced plan (130 requests): equal lengths (one split each, no partials), then ragged ones
@@ -857,6 +871,7 @@ TEST(DenseDecodeGpuPdl, InputsWrittenByThePreviousKernel) {
       {2, 1, 128, 4096, 256, false, false},           // 64-row kernel
       {2, 1, 16, 4096, 128, true, false, kFp8, kFp8},
       {1, 1, 16, 4096, 64, true, false, kBf16, kFp8},  // D4 B1's plan (one request, 128 splits): early table entries
+      {1, 1, 16, 4096, 64, true, false},  // the same in the 16-bit kernel: value halves
   };
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);  // blocking: ordered after cudaMemcpy
