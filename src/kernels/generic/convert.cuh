@@ -37,13 +37,15 @@ __device__ __forceinline__ float2 floats_from_fp8x2(uint32_t pair) {
 }
 
 // Two floats -> a packed pair of bf16 / fp16 (first in the low half), round to nearest even.
+// (The pair's register as it is: one F2FP. Assembled from its two halves with shifts and ORs,
+// ptxas kept a PRMT and a LOP3 beside it in some kernels.)
 __device__ __forceinline__ uint32_t bf16x2_from_floats(float first, float second) {
-  __nv_bfloat162 pair = __float22bfloat162_rn(make_float2(first, second));
-  return uint32_t(__bfloat16_as_ushort(pair.x)) | uint32_t(__bfloat16_as_ushort(pair.y)) << 16;
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(first, second);
+  return *reinterpret_cast<const uint32_t*>(&pair);
 }
 __device__ __forceinline__ uint32_t fp16x2_from_floats(float first, float second) {
-  __half2 pair = __float22half2_rn(make_float2(first, second));
-  return uint32_t(__half_as_ushort(pair.x)) | uint32_t(__half_as_ushort(pair.y)) << 16;
+  const __half2 pair = __floats2half2_rn(first, second);
+  return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
 // A 16-bit float (bf16 or fp16) as float, and two floats as a packed 16-bit pair.

@@ -69,6 +69,7 @@
 
 #include <type_traits>
 
+#include "kernels/generic/convert.cuh"
 #include "kernels/sm90/dense_decode/fp8_tiles.cuh"
 #include "kernels/sm90/dense_decode/key_tiles.cuh"
 #include "kernels/sm90/dense_decode/split_common.cuh"
@@ -463,7 +464,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       const float first = fast_exp2(fmaf(scores[i], logit_scale[kSplitQuery ? half : 0], -reference[half]));
       const float second = fast_exp2(fmaf(scores[i + 1], logit_scale[kSplitQuery ? half : 0], -reference[half]));
       running_sum[half] += first + second;
-      probabilities[i / 8][(i % 8) / 2] = pack_two<kHalf>(first, second);
+      probabilities[i / 8][(i % 8) / 2] = halves_from_floats<kHalf>(first, second);
     }
   };
   // kRawKeys: whether any factor of the tile in P buffer `which` differs from 1; the score

@@ -184,11 +184,11 @@ __device__ __forceinline__ void store_transposed_probabilities(const float (&sco
     const float second = fast_exp2(scores[i + 1] - reference[slot_of(i + 1)]);
     add_to_row_sum(slot_of(i), first);
     add_to_row_sum(slot_of(i + 1), second);
-    packed[i / 2] = pack_two<kHalf>(first, second);
+    packed[i / 2] = halves_from_floats<kHalf>(first, second);
     if (residual_rows != nullptr) {
       const float first_rounded = half_to_float<kHalf>(uint16_t(packed[i / 2]));
       const float second_rounded = half_to_float<kHalf>(uint16_t(packed[i / 2] >> 16));
-      residuals[i / 2] = pack_two<kHalf>(first - first_rounded, second - second_rounded);
+      residuals[i / 2] = halves_from_floats<kHalf>(first - first_rounded, second - second_rounded);
     }
   }
   // Lane l addresses row l % 8 of matrix 4 x + l / 8: query row 8 j + l % 8, keys 16 warp + 8 h ..

@@ -103,18 +103,6 @@ __device__ __forceinline__ bool sync_named_any(int id, int thread_count, bool va
   return result != 0;
 }
 
-// Two floats as one register of two 16-bit values (round to nearest even).
-template <bool kHalf>
-__device__ __forceinline__ uint32_t pack_two(float first, float second) {
-  if constexpr (kHalf) {
-    __half2 packed = __floats2half2_rn(first, second);
-    return *reinterpret_cast<uint32_t*>(&packed);
-  } else {
-    __nv_bfloat162 packed = __floats2bfloat162_rn(first, second);
-    return *reinterpret_cast<uint32_t*>(&packed);
-  }
-}
-
 // Key tiles of a request of `length` keys.
 __device__ __forceinline__ int key_tiles_of(int length) { return (length + kTileKeys - 1) / kTileKeys; }
 
