@@ -136,16 +136,17 @@ def _check(out, lse, expected_out, expected_lse, base2=False, kv_dtype=torch.bfl
         print(f"LSE error {lse_error:.3e} (1 + |e|)")  # shown with -s
 
 
-def _decode_and_reference(q, cache, block_table, lengths):
-    """Non-causal mla_decode into a poisoned output with a poisoned workspace, and the float32
-    reference: (out, lse, expected_out, expected_lse)."""
+def _decode_and_reference(q, cache, block_table, lengths, causal=False, base2=False, pdl=False):
+    """mla_decode (non-causal unless asked) into a poisoned output with a poisoned workspace,
+    and the float32 reference: (out, lse, expected_out, expected_lse)."""
     out = poisoned(q.shape[:3] + (512,), torch.bfloat16, device="cuda")
     workspace = torch.full((openmla.get_mla_decode_workspace_size(q, cache, block_table, lengths),),
                            0xFF, dtype=torch.uint8, device="cuda")
-    _, lse = openmla.mla_decode(q, cache, block_table, lengths, SOFTMAX_SCALE, q_descale=Q_DESCALE,
-                                kv_scale=KV_SCALE, return_lse=True, workspace=workspace, out=out)
+    _, lse = openmla.mla_decode(q, cache, block_table, lengths, SOFTMAX_SCALE, causal=causal,
+                                q_descale=Q_DESCALE, kv_scale=KV_SCALE, return_lse=True,
+                                lse_base2=base2, workspace=workspace, out=out, enable_pdl=pdl)
     torch.cuda.synchronize()
-    expected_out, expected_lse = _reference(q, cache, block_table, lengths, causal=False)
+    expected_out, expected_lse = _reference(q, cache, block_table, lengths, causal)
     return out, lse, expected_out, expected_lse
 
 
@@ -324,17 +325,8 @@ def test_mla_decode_gpu_random_shapes(case):
         seq_lens, case["query_tokens"], case["heads"], case["page_size"], case["q_dtype"],
         case["kv_dtype"], generator, cache_with_head_dim=case["four_d"],
         padded_cache=case["padded_cache"])
-    out = poisoned(q.shape[:3] + (512,), torch.bfloat16, device="cuda")
-    workspace = torch.full((openmla.get_mla_decode_workspace_size(q, cache, block_table, lengths),),
-                           0xFF, dtype=torch.uint8, device="cuda")
-
-    _, lse = openmla.mla_decode(q, cache, block_table, lengths, SOFTMAX_SCALE,
-                                causal=case["causal"], q_descale=Q_DESCALE, kv_scale=KV_SCALE,
-                                return_lse=True, lse_base2=case["base2"], workspace=workspace,
-                                out=out, enable_pdl=case["pdl"])
-    torch.cuda.synchronize()
-
-    expected_out, expected_lse = _reference(q, cache, block_table, lengths, case["causal"])
+    out, lse, expected_out, expected_lse = _decode_and_reference(
+        q, cache, block_table, lengths, causal=case["causal"], base2=case["base2"], pdl=case["pdl"])
     _check(out, lse, expected_out, expected_lse, case["base2"], case["kv_dtype"])
 
 
