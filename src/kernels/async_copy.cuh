@@ -26,4 +26,9 @@ __device__ __forceinline__ void wait_async_copies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// A hint: the 128-byte line holding `address` into L2 (through the SM's load path, not the TMA).
+__device__ __forceinline__ void prefetch_line_to_l2(const void* address) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address));
+}
+
 }  // namespace openmla::kernels

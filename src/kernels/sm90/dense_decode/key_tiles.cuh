@@ -205,7 +205,7 @@ __device__ __forceinline__ void start_early_loads(const KeyMaps* maps, const Spl
     const int m = first_row + unit / kLinesPerRow;
     const int64_t offset = query_row_offset(args, batch_index, m);
     const uint8_t* line = args.q + offset * kQueryElementBytes + min((unit % kLinesPerRow) * 128, kRowBytes - 1);
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
+    prefetch_line_to_l2(line);
   }
 }
 
@@ -357,7 +357,15 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
 // else one (D4 B4's two: +1..4% with both; H100, perf log session 40). At most two boxes (pages),
 // unrolled: a rolled loop made ptxas spill in every kernel, and unrolled for a tile of four pages
 // this was 7 KB of code before the wait.
+// How: a 16-bit tile's first part as one TMA prefetch box a page, by one thread (the last); an FP8
+// tile as line prefetches over the last warp (the SM's load path; as TMA boxes, the latent's and
+// the rope's, FP8 D5 PDL ran 3.5% and B2 1-2.5% slower, B4 1-1.5% faster; the 16-bit part as
+// lines measured no gain: H100, perf log session 48). Called by those threads (prefetch_threads).
 constexpr int kMaxPrefetchBoxes = 2;
+template <bool kFp8Cache>
+__device__ __forceinline__ bool prefetch_threads() {
+  return kFp8Cache ? threadIdx.x >= blockDim.x - 32 : threadIdx.x == blockDim.x - 1;
+}
 // Returns the length it read.
 template <bool kFp8Cache>
 __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, const SplitArgs& args, int first_row,
@@ -375,9 +383,16 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
     if (unsigned(entry) >= unsigned(args.block_table_columns)) break;
     const int page = __ldcg(table_row + entry);
     if (unsigned(page) >= unsigned(args.cache_pages)) continue;
-    const int group = (key & (page_tokens - 1)) / 8;
-    tma_prefetch_group_box(&maps->latent, 0, 0, group, page);  // the latent part (block 0 on)
-    if constexpr (kFp8Cache) tma_prefetch_group_box(&maps->rope, raw_rope_first_dim(args.page_shift), 0, group, page);
+    const int token = key & (page_tokens - 1);
+    if constexpr (kFp8Cache) {  // each row's 576 bytes as 5 lines (a row may straddle lines)
+      constexpr int kLines = (kHeadDim + 127) / 128;
+      const uint8_t* rows = args.cache + page * args.cache_page_bytes + token * args.cache_token_bytes;
+      for (int unit = int(threadIdx.x % 32); unit < box_tokens * kLines; unit += 32) {
+        prefetch_line_to_l2(rows + (unit / kLines) * args.cache_token_bytes + min((unit % kLines) * 128, kHeadDim - 1));
+      }
+    } else {
+      tma_prefetch_group_box(&maps->latent, 0, 0, token / 8, page);  // the latent part (block 0 on)
+    }
   }
   return length;
 }
@@ -397,14 +412,14 @@ __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const Sp
   }
   if (!args.balanced) {
     start_early_loads<kQueryElementBytes>(maps, args, int(blockIdx.y), first_row, rows_here);
-    if (args.prefetch_before_wait && threadIdx.x == blockDim.x - 1) {
+    if (args.prefetch_before_wait && prefetch_threads<kFp8Cache>()) {
       const int length = prefetch_first_key_tiles<kFp8Cache>(maps, args, first_row, rows_here);
       // Where the first tile's entries are (after the wait, only the loads). (The range is worked
       // out again: ptxas does not merge it with the prefetch's, ~45 instructions, but returning it
       // from there measured FP8 D4 B2 PDL 1.7% and 2.4% slower in two A/B calls, B4 1.1-1.4%
       // faster: perf log, session 46.)
       const KeyRange range = key_range_of(args, int(blockIdx.z), length, args.splits, first_row, rows_here);
-      if (early != nullptr && range.tiles > 0) {
+      if (early != nullptr && range.tiles > 0 && threadIdx.x == blockDim.x - 1) {
         // (Only boxes whose entries lie in the table's row: the length may be stale.)
         const int table_keys = args.block_table_columns << args.page_shift;
         early->first_key = range.begin;
