@@ -24,6 +24,14 @@ __device__ __forceinline__ void bulk_copy(void* destination, const void* source,
       : "memory");
 }
 
+// The GPU's global clock in nanoseconds (its steps are coarse at the microsecond scale on some
+// GPUs: per-CTA phases want clock64, perf log session 4).
+__device__ __forceinline__ unsigned long long global_nanoseconds() {
+  unsigned long long time;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(time));
+  return time;
+}
+
 inline void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
     std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));

@@ -45,6 +45,7 @@
 namespace sm90 = openmla::kernels::sm90;
 using openmla::micro::bulk_copy;
 using openmla::micro::check;
+using openmla::micro::global_nanoseconds;
 using openmla::micro::median_us;
 
 namespace {
@@ -76,12 +77,6 @@ struct StreamArgs {
   unsigned long long* spans;    // [CTA][2]: globaltimer at the start and the end
   int page_tokens;              // page_size_stream_kernel: tokens a page (the other kernels: kPageTokens)
 };
-
-__device__ __forceinline__ unsigned long long global_nanoseconds() {
-  unsigned long long time;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(time));
-  return time;
-}
 
 
 // The whole page (contiguous) into L2, so that DRAM sees one sequential read instead of the

@@ -30,6 +30,8 @@
 namespace sm90 = openmla::kernels::sm90;
 using openmla::micro::bulk_copy;
 using openmla::micro::check;
+using openmla::micro::global_nanoseconds;
+using openmla::micro::median;
 
 namespace {
 
@@ -45,12 +47,6 @@ struct Maps {
 enum Loader { kThreeBoxes, kNineBoxes, kOneBulk, kNineBulk, kDimsHalf, kOneBulkHalf, kLoaders };
 const char* const kLoaderNames[kLoaders] = {"3 boxes", "9 boxes", "1 bulk", "9 bulk", "dims half", "1 bulk half"};
 __constant__ uint32_t kLoaderBytes[kLoaders] = {kPageBytes, kPageBytes, kPageBytes, kPageBytes, 5 * 8192, kPageBytes / 2};
-
-__device__ long long globaltimer() {
-  long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 // result[cta] = {issue -> landed cycles, issue globaltimer, landed globaltimer}
 __global__ void __launch_bounds__(128, 1)
@@ -73,7 +69,7 @@ __global__ void __launch_bounds__(128, 1)
   __syncthreads();
   long long issue_cycles = 0, issue_time = 0;
   if (threadIdx.x == 0) {
-    issue_time = globaltimer();
+    issue_time = (long long)global_nanoseconds();
     issue_cycles = clock64();
     sm90::mbarrier_arrive_expect_bytes(barrier, kLoaderBytes[loader]);
   }
@@ -113,7 +109,7 @@ __global__ void __launch_bounds__(128, 1)
   if (threadIdx.x == 0) {
     sm90::mbarrier_wait(barrier, 0);
     const long long landed_cycles = clock64();
-    const long long landed_time = globaltimer();
+    const long long landed_time = (long long)global_nanoseconds();
     result[3 * blockIdx.x] = landed_cycles - issue_cycles;
     result[3 * blockIdx.x + 1] = issue_time;
     result[3 * blockIdx.x + 2] = landed_time;
@@ -187,7 +183,7 @@ int main() {
     check(cudaMemcpy(page_of_cta, pages.data(), pages.size() * sizeof(int), cudaMemcpyHostToDevice), "pages");
     for (int loader = 0; loader < kLoaders; ++loader) {
       for (const bool warm : {true, false}) {
-        std::vector<double> medians, maxima, spans;
+        std::vector<float> medians, maxima, spans;
         for (int run = 0; run < 5; ++run) {
           check(cudaMemset(flush, run, flush_bytes), "flush");  // evicts the pages
           if (warm) {  // loads them once: the timed launch finds them in L2
@@ -208,16 +204,12 @@ int main() {
             last_landing = std::max(last_landing, host[3 * cta + 2]);
           }
           std::sort(cycles.begin(), cycles.end());
-          medians.push_back(double(cycles[cycles.size() / 2]));
-          maxima.push_back(double(cycles.back()));
-          spans.push_back(double(last_landing - first_issue) / 1e3);
+          medians.push_back(float(cycles[cycles.size() / 2]));
+          maxima.push_back(float(cycles.back()));
+          spans.push_back(float(last_landing - first_issue) / 1e3f);
         }
-        auto median_of = [](std::vector<double> values) {
-          std::sort(values.begin(), values.end());
-          return values[values.size() / 2];
-        };
         std::printf("%-30s %-12s %-6s %12.0f %12.0f %10.2f\n", scenario.name, kLoaderNames[loader],
-                    warm ? "warm" : "cold", median_of(medians), median_of(maxima), median_of(spans));
+                    warm ? "warm" : "cold", median(medians), median(maxima), median(spans));
       }
     }
   }

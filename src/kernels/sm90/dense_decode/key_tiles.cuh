@@ -10,7 +10,7 @@
 // (RawTileParts): blocks of 128 dims in parts {0..3} and {4} (the rope's), S on e4m3
 // wgmma and V^T fragments widened in registers (fp8_fragments.cuh WideValueFragments). The
 // producer (one thread) walks the block table and issues the boxes (with PDL, a split's first
-// boxes are also prefetched into L2 before the PDL wait: start_split_cta). Slots past the
+// key tiles are also prefetched into L2 before the PDL wait: start_split_cta). Slots past the
 // sequence end are zeroed in shared memory before use (unused cache slots may hold NaN, pages
 // past the end are never read), so masked keys multiply finite zeros.
 #pragma once
