@@ -1,6 +1,6 @@
 // cp.async (sm_80+): 16-byte global -> shared copies that hold no register while in flight,
-// the way the memory-bound kernels keep many bytes in flight per SM. One header for every
-// kernel that stages through shared memory.
+// the way the memory-bound kernels keep many bytes in flight per SM; and the L2 line prefetch
+// hint. One header for every kernel that stages through shared memory.
 #pragma once
 
 #include <cuda_runtime.h>
