@@ -6,7 +6,8 @@
 //   stream       nothing: the bytes alone, in one launch
 //   partials     every CTA writes a split's partial output (16 rows x 512 fp32) and 16 LSEs
 //   combine      partials, then a second kernel launched with PDL merges them (main's structure:
-//                the shape of dense_decode_combine_kernel, a block per (row, column quarter))
+//                the shape of dense_decode_combine_kernel until session 49, a block per (row,
+//                column quarter))
 //   cooperative  partials, then a grid-wide barrier (cooperative launch, which guarantees that
 //                every CTA is resident) and the merge in the same kernel, each CTA taking a
 //                slice of one row's columns
@@ -170,7 +171,8 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(FloorArgs args) {
   }
 }
 
-// main's combine step in shape: a block per (row, quarter of the columns), 4 groups of 32.
+// The combine step in its shape until session 49: a block per (row, quarter of the columns), 4
+// groups of 32 (main now takes eighths: combine_kernel.cuh).
 __global__ void __launch_bounds__(kThreads) combine_kernel(FloorArgs args, int splits) {
   sm90::wait_for_previous_grid();  // PDL: the stream kernel's partials are complete and visible
   merge_columns(args, splits, int(blockIdx.x) / 4, (int(blockIdx.x) % 4) * (kColumns / 4), kColumns / 4 / 4);

@@ -7,12 +7,14 @@
 // row whose splits are all empty gets output 0 and LSE -inf; a NaN in any split makes the row NaN.
 //
 // dense_decode_combine_kernel (uniform plans with few rows, up to 128 splits, latency-bound;
-// a full and a lean form by split count, below): a 128-thread block per (row, quarter of the
+// a full and a lean form by split count, below): a 128-thread block per (row, eighth of the
 // 512 value columns). Every split's LSE is read at once (one per thread) and the weights
-// 2^(l_i - max) go to shared memory; then 4 groups of 32 threads each take every 4th split, a
-// thread owning 4 columns, with all of its (up to 32) 16-byte loads in flight together, and the
+// 2^(l_i - max) go to shared memory; then 8 groups of 16 threads each take every 8th split, a
+// thread owning 4 columns, with all of its (up to 16) 16-byte loads in flight together, and the
 // groups' sums are added in shared memory. A block's time is then about two memory latencies,
-// whatever the split count.
+// whatever the split count. (Eighths rather than quarters, session 49: D4 B4 PDL, whose 64 rows
+// then take the lean form, -2.7% bf16 and -5.5..6% FP8 on an H100, the other D4 / D5 cases
+// within 1.7%.)
 //
 // dense_decode_combine_rows_kernel (balanced plans: up to B x Sq x Hq rows, at most
 // kBalancedSplits splits, only for requests that used more than one; and uniform plans with
@@ -42,9 +44,9 @@
 
 namespace openmla::kernels::sm90 {
 
-constexpr int kCombineColumnBlocks = 4;                                    // blocks per row
+constexpr int kCombineColumnBlocks = 8;                                    // blocks per row
 constexpr int kCombineColumnThreads = kLatentDim / kCombineColumnBlocks / 4;  // 4 columns each
-constexpr int kCombineGroups = 4;
+constexpr int kCombineGroups = 8;
 constexpr int kCombineThreads = kCombineColumnThreads * kCombineGroups;
 static_assert(kCombineThreads >= kMaxDecodeSplits, "one LSE per thread");
 
@@ -71,16 +73,17 @@ __device__ __forceinline__ float merged_lse2(bool has_nan, float max_lse, float 
   return has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
 }
 
-// kMaxSplits: the plan's splits at most; each group keeps kMaxSplits / 4 loads in flight. The
-// full form (kMaxDecodeSplits) takes 184 registers, 2 blocks an SM (the launch bound of 1 block
-// lets ptxas keep 32 loads in flight: with the default bound it issued each predicated load after
-// the sums of the previous one, a round trip per split). The lean form (kCombineFewSplits: 64
-// registers, 8 blocks an SM) is for plans whose blocks would take the full form more than one
-// wave: D1 Hq16 B4's 1024 blocks of 33 splits ran in 4 waves (10 us on an H100); in one wave the
-// op is 3.5-6.3% faster (H200). Where the full form fits one wave it stays: 8 blocks an SM would
-// crowd a few hundred blocks onto a quarter of the SMs (FP8 D4 B4, 256 blocks: +5% on an H200).
+// kMaxSplits: the plan's splits at most; each group keeps kMaxSplits / 8 loads in flight. The
+// full form (kMaxDecodeSplits) takes 104 registers (the launch bound of 1 block lets ptxas keep
+// all 16 loads in flight: with the default bound it issued each predicated load after the sums
+// of the previous one, a round trip per split). The lean form (kCombineFewSplits: 56 registers,
+// 8 blocks an SM, 5 loads in flight) takes plans of few splits with more than 2 blocks an SM:
+// D1 Hq16 B4 (33 splits) ran the full form in 4 waves (quarters: 10 us on an H100) and is
+// 3.5-6.3% faster lean (H200); D4 B4 (33 splits, 512 blocks) is 2.7-6% faster lean than in the
+// full form, which fits those blocks in one wave too (H100, session 49). With quarters, D4 B4's
+// 256 blocks lean were slower for FP8 (+3..5%: H100 and H200), so the threshold stays at 2.
 constexpr int kCombineFewSplits = 40;
-constexpr int kCombineBlocksPerSm = 2;  // of the full form
+constexpr int kCombineLeanAboveBlocksPerSm = 2;
 template <int kMaxSplits>
 __global__ void __launch_bounds__(kCombineThreads, kMaxSplits <= kCombineFewSplits ? 8 : 1)
     dense_decode_combine_kernel(SplitArgs args) {
@@ -188,7 +191,7 @@ constexpr int kCombineRowsMaxSplits = 32;           // one split LSE per lane
 constexpr int kCombineRowsSplitChunk = 4;           // splits whose loads are in flight together
 static_assert(kBalancedSplits <= kCombineRowsMaxSplits, "one split LSE per lane");
 // Uniform plans use the warp-per-row kernel from this many rows (B x Sq x Hq) on, if their split
-// count allows it: below it the block per row quarter has more parallelism for the few rows
+// count allows it: below it the block per row eighth has more parallelism for the few rows
 // (D4 / D5: 16-64 rows, up to 128 splits); above it that kernel's thousands of short blocks
 // cost more to schedule than to run (D1 Hq128 B4: 2048 rows x 4 splits, 8192 blocks).
 constexpr int64_t kCombineRowsMinRows = 512;

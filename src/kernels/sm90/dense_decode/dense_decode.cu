@@ -4,7 +4,7 @@
 // instantiation for the dtypes, describes the cache to the TMA, plans the split-KV grid from
 // shapes alone (plan/decode_plan.h), and launches the attention kernel and, when the plan has
 // several splits, the combine kernel (combine_kernel.cuh: a warp per row for balanced plans
-// and for uniform plans with many rows, a block per row quarter for uniform plans with few).
+// and for uniform plans with many rows, a block per row eighth for uniform plans with few).
 // Nothing here reads device memory or synchronises, so a call captures into a CUDA graph and
 // replays with new seq_lens and block tables.
 #include "kernels/sm90/dense_decode/dense_decode.h"
@@ -249,9 +249,9 @@ void dense_decode(const DenseDecodeParams& params) {
     launch_kernel(kOp, dense_decode_combine_rows_kernel<kCombineRowsMaxSplits>, dim3(unsigned(row_blocks)),
                   dim3(32 * kCombineRowsPerBlock), 0, stream, kCombineOverlaps, args);
   } else if (plan.splits > 1) {
-    // A block per row quarter; the lean form where the full one would take more than one wave.
+    // A block per row eighth; the lean form for few splits and more than 2 blocks an SM.
     const int64_t blocks = all_rows * kCombineColumnBlocks;
-    const bool lean = plan.splits <= kCombineFewSplits && blocks > kCombineBlocksPerSm * int64_t(sm_count);
+    const bool lean = plan.splits <= kCombineFewSplits && blocks > kCombineLeanAboveBlocksPerSm * int64_t(sm_count);
     const auto combine =
         lean ? dense_decode_combine_kernel<kCombineFewSplits> : dense_decode_combine_kernel<int(kMaxDecodeSplits)>;
     launch_kernel(kOp, combine, dim3(unsigned(blocks)), dim3(kCombineThreads), 0, stream, kCombineOverlaps, args);
