@@ -51,6 +51,9 @@ struct DecodeShape {
   std::vector<int32_t> lengths;  // seq_lens, one per request (B = lengths.size())
   bool graph_replay = false;
   bool pdl = false;  // DenseDecodeParams::enable_pdl
+  // DenseDecodeParams::max_seq_len = the longest length (as TokenSpeed's and FlashAttention's
+  // callers pass it); case name ends in "max_seq_len"
+  bool bound = false;
   int64_t page_size = kPageSize;
 };
 
@@ -108,6 +111,7 @@ Case dense_decode_case(const DecodeShape& shape, Format format) {
       params.softmax_scale = 1.0f / std::sqrt(float(kHeadDim));
       params.causal = shape.query_tokens > 1;
       params.enable_pdl = shape.pdl;
+      params.max_seq_len = shape.bound ? *std::max_element(shape.lengths.begin(), shape.lengths.end()) : 0;
       params.out = in.output(DType::kBFloat16, {batch, shape.query_tokens, shape.heads, kLatentDim});
       params.lse = in.output(DType::kFloat32, {batch, shape.query_tokens, shape.heads});
       params.workspace = in.output(DType::kUInt8, {int64_t(dense_decode_workspace_size(params))});
@@ -156,6 +160,14 @@ void add_dense_decode_cases(std::vector<Case>& cases) {
   for (bool pdl : {false, true}) {
     for (int64_t batch : {1, 2, 4}) shapes.push_back(uniform_shape("D4", batch, 1, 16, 4096, true, pdl));
     shapes.push_back(uniform_shape("D5", 1, 1, 16, 32768, true, pdl));
+  }
+  // With PDL and the lengths' bound (max_seq_len): no split without keys is launched (FP8 D4
+  // B1: 64 splits instead of 128; the bf16 plans and D5 keep theirs).
+  for (int64_t batch : {1, 2, 4}) {
+    DecodeShape shape = uniform_shape("D4", batch, 1, 16, 4096, true, true);
+    shape.name += " max_seq_len";
+    shape.bound = true;
+    shapes.push_back(shape);
   }
 
   for (Format format : {Format::kBf16, Format::kFp8Cache, Format::kFp8QueryAndCache}) {

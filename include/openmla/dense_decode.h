@@ -44,6 +44,13 @@ struct DenseDecodeParams {
   // call at small batch (D4 / D5 on an H100). (The combine step, where there is one, always
   // launches so behind the attention kernel: both are this op's own kernels.)
   bool enable_pdl = false;
+  // Optional bound on every seq_lens[b] (0: none), as TokenSpeed's max_seq_len and
+  // FlashAttention's max_seqlen_k. With it, a call whose requests are short for their batch
+  // launches no split that would get no keys (D4 B1 with an FP8 cache: 64 splits of one tile
+  // instead of 128, half of them empty). Only a launch hint: each split's keys still come from
+  // seq_lens on the device, so a request longer than the bound is computed correctly, in fewer,
+  // longer splits. The workspace query does not use it.
+  int64_t max_seq_len = 0;
 };
 
 // Scratch for split-KV partial results; depends on shapes only (B, Sq, Hq), so one

@@ -71,11 +71,12 @@ def mla_decode(
     lse: Optional[Tensor],
     workspace: Optional[Tensor],
     enable_pdl: bool = False,
+    max_seq_len: int = 0,
 ) -> None:
     args = (view(q), view(kv_cache), view(block_table), view(seq_lens), softmax_scale, causal,
             q_descale, kv_scale, view(out), view(lse), lse_base2)
     workspace = _workspace(workspace, _C.dense_decode_workspace_size, args, q.device)
-    _C.dense_decode(*args, view(workspace), stream_of(q), enable_pdl)
+    _C.dense_decode(*args, view(workspace), stream_of(q), enable_pdl, max_seq_len)
 
 
 @torch.library.custom_op(

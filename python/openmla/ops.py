@@ -51,7 +51,7 @@ def mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_k
 
 def mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal=False, q_descale=1.0,
                kv_scale=1.0, return_lse=False, lse_base2=False, workspace=None, out=None,
-               enable_pdl=False):
+               enable_pdl=False, max_seq_len=0):
     """Dense MLA decode (absorbed MQA form) over a paged cache.
 
     q [B, Sq, Hq, 576], kv_cache [pages, page_size, 576] (or [pages, page_size, 1, 576]),
@@ -62,6 +62,10 @@ def mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal=False, 
     into L2 meanwhile (it reads every input only after waiting for that kernel); the op's last
     kernel lets the next PDL-launched kernel start early. (The combine step, where there is
     one, always overlaps the attention kernel so.) No effect on CPU.
+    max_seq_len: optional bound on seq_lens (0: none). Short requests at small batch then
+    launch no split that would get no keys (faster); a longer request is still computed
+    correctly, only in fewer, longer splits. A CUDA graph captured with a bound replays
+    correctly with any lengths.
     Precision with an fp8 cache (bf16 or fp8 q): S on FP8 tensor cores (a bf16 q as two e4m3
     parts), P V in fp16 with fp32 accumulation: up to ~2e-3 relative on the output and ~2e-3
     (1 + |LSE|) on the LSE beyond the fp8 inputs' own error (include/openmla/dense_decode.h).
@@ -71,7 +75,7 @@ def mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal=False, 
         out = q.new_empty((*q.shape[:-1], LATENT_DIM), dtype=torch.bfloat16)
     lse = _lse_like(q, return_lse)
     _ops.mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal, q_descale,
-                    kv_scale, lse_base2, out, lse, workspace, enable_pdl)
+                    kv_scale, lse_base2, out, lse, workspace, enable_pdl, max_seq_len)
     return (out, lse) if return_lse else out
 
 

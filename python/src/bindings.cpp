@@ -142,7 +142,8 @@ openmla::DensePrefillParams dense_prefill_params(
 openmla::DenseDecodeParams dense_decode_params(
     nb::handle q, nb::handle kv_cache, nb::handle block_table, nb::handle seq_lens,
     float softmax_scale, bool causal, float q_descale, float kv_scale, nb::handle out,
-    nb::handle lse, bool lse_base2, nb::handle workspace, uintptr_t stream, bool enable_pdl) {
+    nb::handle lse, bool lse_base2, nb::handle workspace, uintptr_t stream, bool enable_pdl,
+    int64_t max_seq_len) {
   const char* op = "dense_decode";
   openmla::DenseDecodeParams params;
   params.q = to_view(op, "q", q);
@@ -159,6 +160,7 @@ openmla::DenseDecodeParams dense_decode_params(
   params.workspace = to_view(op, "workspace", workspace);
   params.stream = to_stream(stream);
   params.enable_pdl = enable_pdl;
+  params.max_seq_len = max_seq_len;
   return params;
 }
 
@@ -325,7 +327,7 @@ NB_MODULE(_C, m) {
        tensor("kv_cache"), tensor("block_table"), tensor("seq_lens"),
        scalar("softmax_scale", 0.0f), scalar("causal", false), scalar("q_descale", 1.0f),
        scalar("kv_scale", 1.0f), tensor("out"), tensor("lse"), lse_base2, tensor("workspace"),
-       stream, scalar("enable_pdl", false));
+       stream, scalar("enable_pdl", false), scalar<int64_t>("max_seq_len", 0));
   bind(m, "sparse_prefill", &sparse_prefill_params, &openmla::sparse_prefill,
        "sparse_prefill_workspace_size", &openmla::sparse_prefill_workspace_size, tensor("q"),
        tensor("kv"), tensor("indices"), tensor("topk_length"), tensor("attn_sink"),

@@ -76,6 +76,9 @@ DenseDecodeParams validate(const ArgumentChecker& check, const DenseDecodeParams
 
   check_decode_outputs(check, params.out, params.lse, batch, query_tokens, heads);
   check.positive_finite("softmax_scale", params.softmax_scale);
+  if (params.max_seq_len < 0) {
+    check.fail("max_seq_len", "expected >= 0 (0: no bound), got " + std::to_string(params.max_seq_len));
+  }
 
   Device device = check.common_device({{"q", &params.q},
                                        {"kv_cache", &params.kv_cache},

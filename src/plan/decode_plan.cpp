@@ -38,6 +38,13 @@ DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t h
   return plan;
 }
 
+DenseDecodePlan bound_decode_splits(DenseDecodePlan plan, int64_t max_seq_len, int64_t splits_per_tile) {
+  if (max_seq_len <= 0 || plan.balanced) return plan;
+  const int64_t filled = (max_seq_len + kDecodeMinKeysPerSplit - 1) / kDecodeMinKeysPerSplit * splits_per_tile;
+  plan.splits = std::max<int64_t>(1, std::min(plan.splits, filled));
+  return plan;
+}
+
 int planning_sm_count(Device device) {
 #if OPENMLA_WITH_CUDA
   int index = device.index, count = 0;

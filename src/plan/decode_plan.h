@@ -37,6 +37,9 @@ constexpr int64_t kBalancedChunksPerSm = 4;
 constexpr int64_t kMaxBalancedBatch = 1024;
 constexpr int64_t kMaxBalancedRows = 65536;  // B x Sq x Hq: at most 269 MB of workspace
 
+// Keys a split gets at least (one key tile: below that a CTA's fixed cost outweighs its work).
+constexpr int64_t kDecodeMinKeysPerSplit = 64;
+
 struct DenseDecodePlan {
   int64_t row_tiles = 1;  // ceil(Sq * Hq / kDecodeRowsPerTile) CTAs per (request, split)
   int64_t splits = 1;     // KV splits per request in the grid; 1 = no combine step
@@ -54,6 +57,14 @@ DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t h
 // the same shapes. The workspace check and the launch must both ask for the tensors' device:
 // the current device may differ (and have another SM count, hence more splits).
 int planning_sm_count(Device device);
+
+// A uniform plan for requests of at most max_seq_len keys (> 0; 0: no bound, the plan as it is)
+// keeps no more splits than such a request fills: one per kDecodeMinKeysPerSplit keys, times
+// splits_per_tile (2 where two splits share a tile's keys: the 16-bit narrow kernel's value
+// halves). Splits past that would get no keys and only cost their launch and their empty
+// partials (FP8 D4 B1 PDL: 7.6% on an H100, perf log session 49). Balanced plans are kept.
+// A hint only: the kernels spread each request's real length over the plan's splits.
+DenseDecodePlan bound_decode_splits(DenseDecodePlan plan, int64_t max_seq_len, int64_t splits_per_tile);
 
 // Bytes of scratch for split-KV decode with `splits` splits: per (split, request, token, head)
 // a partial output of `value_dim` floats and one LSE float, then one int32 per request (the

@@ -48,6 +48,25 @@ TEST(DecodePlan, BalancedWhenTheRequestsFillTheGpu) {
             (size_t(2 * 128 * 2 * 128) * 513 * 4 + 128 * 4 + 255) / 256 * 256);
 }
 
+// A bound on the lengths keeps only the splits such requests fill: one per 64 keys (two where
+// value halves share a tile); never more than the plan had, never fewer than one; 0 is none.
+TEST(DecodePlan, ABoundOnTheLengthsTrimsUniformPlans) {
+  const DenseDecodePlan d4_b1 = plan_dense_decode(1, 1, 16, 132);  // 128 splits
+  EXPECT_EQ(bound_decode_splits(d4_b1, 4096, 1).splits, 64);
+  EXPECT_EQ(bound_decode_splits(d4_b1, 4096, 2).splits, 128);
+  EXPECT_EQ(bound_decode_splits(d4_b1, 4097, 1).splits, 65);
+  EXPECT_EQ(bound_decode_splits(d4_b1, 1, 1).splits, 1);
+  EXPECT_EQ(bound_decode_splits(d4_b1, 64, 2).splits, 2);
+  EXPECT_EQ(bound_decode_splits(d4_b1, 0, 1).splits, 128);
+  EXPECT_EQ(bound_decode_splits(d4_b1, 32768, 1).splits, 128);  // D5: every split has keys
+  EXPECT_EQ(bound_decode_splits(plan_dense_decode(2, 1, 16, 132), 4096, 1).splits, 64);  // of 66
+  EXPECT_EQ(bound_decode_splits(plan_dense_decode(4, 1, 16, 132), 4096, 1).splits, 33);
+  // Balanced plans pick their splits per request on the device: kept.
+  const DenseDecodePlan balanced = bound_decode_splits(plan_dense_decode(128, 1, 64, 132), 10, 1);
+  EXPECT_TRUE(balanced.balanced);
+  EXPECT_EQ(balanced.splits, kBalancedSplits);
+}
+
 TEST(DecodePlan, RowTilesFoldTokensAndHeads) {
   EXPECT_EQ(plan_dense_decode(3, 2, 63, 132).row_tiles, 2);  // 126 rows
   EXPECT_EQ(plan_dense_decode(3, 1, 16, 132).row_tiles, 1);

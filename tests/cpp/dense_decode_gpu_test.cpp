@@ -66,6 +66,9 @@ struct DecodeCase {
   // enable_pdl: a uniform plan's CTAs prefetch their first key tiles before the PDL wait, on a
   // speculative read of seq_lens and the block table (key_tiles.cuh start_split_cta).
   bool pdl = false;
+  // DenseDecodeParams::max_seq_len: a bound on the lengths that trims the split plan; a launch
+  // hint only, so it may also be below a request's length.
+  int64_t max_seq_len = 0;
 };
 
 int64_t uniform_int(std::mt19937_64& rng, int64_t low, int64_t high) {
@@ -193,6 +196,7 @@ DecodeInputs make_inputs(const DecodeCase& c, const std::vector<int32_t>& length
   params.kv_scale = fp8_kv ? kv_scale : 1.0f;
   params.lse_base = c.lse_base;
   params.enable_pdl = c.pdl;
+  params.max_seq_len = c.max_seq_len;
   return inputs;
 }
 
@@ -396,7 +400,7 @@ std::string case_name(const DecodeCase& c) {
        << (c.with_lse ? "" : "_nolse") << (c.cache_with_head_dim ? "_cache4d" : "")
        << (c.softmax_scale > 1 ? "_sharp" : "") << (c.query_magnitude > 1 ? "_hugeq" : "")
        << (c.query_magnitude < 1 ? "_tinyq" : "") << (c.padded_cache ? "_paddedcache" : "")
-       << (c.pdl ? "_pdl" : "");
+       << (c.pdl ? "_pdl" : "") << (c.max_seq_len > 0 ? "_bound" + std::to_string(c.max_seq_len) : "");
   return name.str();
 }
 
@@ -611,6 +615,13 @@ const DecodeCase kCoveringCases[] = {
     with({2, 4, 128, 4096, 16, true, true}, [](DecodeCase& c) { c.pdl = true; }),
     with({1, 1, 128, 4096, 64, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.pdl = true; }),
     with({130, 1, 3, 700, 16, true, false}, [](DecodeCase& c) { c.pdl = true; }),
+    // A bound on the lengths (bound_decode_splits): D4 B1's plans without empty splits (FP8: 64
+    // splits of a tile; bf16: 128 in value halves), and bounds below the real lengths (FP8 B2:
+    // one split, no combine, for 4096 keys; bf16: 4 splits for up to 4096 keys, not halved).
+    with({1, 1, 16, 4096, 64, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.pdl = true, c.max_seq_len = 4096; }),
+    with({1, 1, 16, 4096, 64, false, false}, [](DecodeCase& c) { c.pdl = true, c.max_seq_len = 4096; }),
+    with({2, 1, 16, 4096, 64, true, false, kFp8, kFp8}, [](DecodeCase& c) { c.max_seq_len = 64; }),
+    with({6, 2, 8, 4096, 32, true, true}, [](DecodeCase& c) { c.max_seq_len = 100; }),
 };
 
 std::string param_name(const ::testing::TestParamInfo<DecodeCase>& info) {
@@ -819,6 +830,21 @@ TEST(DenseDecodeGpuGraph, ReplayFollowsOneRequestsValueHalves) {
   const DecodeCase c{1, 1, 16, 8192, 64, false, false};
   expect_replays_follow(c, {{4096}, {8192}, {1}, {0}, {4033}, {4096}}, /*table_width=*/130,
                         /*page_count=*/130 + 2);
+}
+
+// Captured with a bound on the lengths (max_seq_len 4096: an FP8 cache gets 64 splits, a bf16
+// one 128 in value halves), replayed with lengths within it and past it (8192: 128 tiles over
+// those splits, two a split): a bound only trims the plan, never the keys a call reads.
+TEST(DenseDecodeGpuGraph, ReplayWithABoundFollowsLongerLengths) {
+  OPENMLA_REQUIRE_GPU();
+  for (const DType kv_dtype : {DType::kFloat8E4M3, DType::kBFloat16}) {
+    SCOPED_TRACE(kv_dtype == DType::kBFloat16 ? "bf16 cache" : "fp8 cache");
+    DecodeCase c{1, 1, 16, 8192, 64, false, false, DType::kBFloat16, kv_dtype};
+    c.max_seq_len = 4096;
+    c.pdl = true;
+    expect_replays_follow(c, {{4096}, {8192}, {1}, {0}, {4033}}, /*table_width=*/130,
+                          /*page_count=*/130 + 2);
+  }
 }
 
 // A balanced plan (130 requests): equal lengths (one split each, no partials), then ragged ones

@@ -116,19 +116,31 @@ def test_torch_compile_fullgraph_on_cpu(generator):
     assert torch.isfinite(actual[1]).all() and not math.isnan(actual[0].sum().item())
 
 
-def test_enable_pdl_reaches_the_op_and_leaves_cpu_results_unchanged(generator):
-    # PDL only changes how CUDA kernels are launched; the CPU reference ignores it.
+def test_launch_hints_reach_the_op_and_leave_cpu_results_unchanged(generator):
+    # PDL and the max_seq_len bound only change how CUDA kernels are launched (the bound: how
+    # many splits); the CPU reference ignores both, even a bound below the real lengths (20).
     arguments = torch.ops.openmla.mla_decode.default._schema.arguments
-    assert [(a.name, a.default_value) for a in arguments][-1] == ("enable_pdl", False)
+    assert [(a.name, a.default_value) for a in arguments][-2:] == [("enable_pdl", False),
+                                                                   ("max_seq_len", 0)]
     q, cache, block_table, seq_lens = _decode_args(generator)
     results = []
-    for enable_pdl in (False, True):
+    for enable_pdl, max_seq_len in ((False, 0), (True, 0), (False, 20), (True, 1)):
         out = poisoned((2, 1, 4, 512), torch.bfloat16)
         results.append(openmla.mla_decode(q, cache, block_table, seq_lens, 0.1, causal=True,
-                                          return_lse=True, out=out, enable_pdl=enable_pdl))
-    (out_plain, lse_plain), (out_pdl, lse_pdl) = results
-    assert not torch.isnan(out_pdl.float()).any()
-    assert torch.equal(out_pdl, out_plain) and torch.equal(lse_pdl, lse_plain)
+                                          return_lse=True, out=out, enable_pdl=enable_pdl,
+                                          max_seq_len=max_seq_len))
+    out_plain, lse_plain = results[0]
+    for out, lse in results[1:]:
+        assert not torch.isnan(out.float()).any()
+        assert torch.equal(out, out_plain) and torch.equal(lse, lse_plain)
+
+
+def test_negative_max_seq_len_is_rejected_before_any_write(generator):
+    q, cache, block_table, seq_lens = _decode_args(generator)
+    out = poisoned((2, 1, 4, 512), torch.bfloat16)
+    with pytest.raises(ValueError, match=r"dense_decode.*'max_seq_len'.*>= 0"):
+        openmla.mla_decode(q, cache, block_table, seq_lens, 0.1, out=out, max_seq_len=-1)
+    assert torch.isnan(out.float()).all()
 
 
 def test_workspace_size_helpers_and_a_given_workspace(generator):

@@ -79,7 +79,8 @@ def tokenspeed_mla_decode(query, kv_cache, workspace_buffer, kv_lora_rank, qk_ro
 
     query [B, q_len, H, 576] bf16 | fp16 | float8_e4m3fn; kv_cache (see the module docstring);
     block_tables [B, max_pages] int32; seq_lens [B] (new tokens included; int64 is converted);
-    max_seq_len > 0 (a bound TokenSpeed plans with; openmla needs none).
+    max_seq_len > 0: a bound on seq_lens, which openmla plans its splits with as TokenSpeed does
+    (a request past it is still computed correctly, only in fewer, longer splits).
     Returns out [B, q_len, H, 512] (bf16; fp16 for an fp16 query), and with return_lse also
     lse [B, q_len, H] float32 in base 2 (written into lse_out when given).
     """
@@ -113,7 +114,8 @@ def tokenspeed_mla_decode(query, kv_cache, workspace_buffer, kv_lora_rank, qk_ro
     kv_scale = output_scale if fold_output_scale else 1.0
     scale = softmax_scale / output_scale if fold_output_scale else softmax_scale
     torch.ops.openmla.mla_decode(query, kv_cache, block_tables, seq_lens, scale, causal_mask,
-                                 1.0, kv_scale, True, bf16_out, lse, workspace, enable_pdl)
+                                 1.0, kv_scale, True, bf16_out, lse, workspace, enable_pdl,
+                                 int(max_seq_len))
     if output_scale != 1.0 and not fold_output_scale:
         bf16_out.mul_(output_scale)
     if bf16_out is not out:

@@ -156,10 +156,14 @@ void dense_decode(const DenseDecodeParams& params) {
 
   const int batch = int(q.size(0)), query_tokens = int(q.size(1)), heads = int(q.size(2));
   const int sm_count = planning_sm_count(q.device);
-  const DenseDecodePlan plan = plan_dense_decode(batch, query_tokens, heads, sm_count);
   const bool fp8_cache = cache.dtype == DType::kFloat8E4M3;
   const bool fp8_q = q.dtype == DType::kFloat8E4M3;
   const bool half = q.dtype == DType::kFloat16;
+  // Value halves (split_common.cuh key_range_of): only the 16-bit narrow kernel at 16 rows (D4,
+  // D5; the 32-row kernel runs at its register limit), only for partials (a uniform split plan).
+  const bool may_halve_values = !fp8_cache && query_tokens * heads <= 16;
+  const DenseDecodePlan plan = bound_decode_splits(plan_dense_decode(batch, query_tokens, heads, sm_count),
+                                                   params.max_seq_len, may_halve_values ? 2 : 1);
 
   SplitArgs args{};
   args.q = q.ptr<const uint8_t>();
@@ -182,9 +186,7 @@ void dense_decode(const DenseDecodeParams& params) {
   args.splits = int(plan.splits);
   args.balanced = plan.balanced;
   args.prefetch_before_wait = params.enable_pdl;
-  // Value halves (split_common.cuh key_range_of): only the 16-bit narrow kernel at 16 rows (D4,
-  // D5; the 32-row kernel runs at its register limit), only for partials (a uniform split plan).
-  args.halve_values = !plan.balanced && plan.splits >= 2 && !fp8_cache && args.rows <= 16;
+  args.halve_values = !plan.balanced && plan.splits >= 2 && may_halve_values;
   args.sm_count = sm_count;
   args.causal = params.causal;
   const float q_scale = fp8_q ? params.q_descale : 1.0f;

@@ -25,8 +25,10 @@ static_assert(kRowsPerTile == kDecodeRowsPerTile, "the plan's row tiles are the 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;  // base-2 LSE -> natural: one multiply everywhere
 // A split gets at least one 64-key tile: below that a CTA's fixed cost (Q, pipeline fill)
-// outweighs its work; short requests then leave the last splits empty (they exit at once).
-constexpr int kMinKeysPerSplit = 64;
+// outweighs its work; short requests then leave the last splits empty (they exit at once, or
+// are not launched where the caller bounds the lengths: bound_decode_splits).
+constexpr int kMinKeysPerSplit = int(kDecodeMinKeysPerSplit);
+static_assert(kMinKeysPerSplit == kTileKeys, "a split's least keys are one tile (bound_decode_splits)");
 // How far (base 2) a tile's row maximum may pass the softmax's reference before the reference
 // moves (16-bit P: p <= 2^8; alternating_kernel.cuh own_softmax, narrow_fp8_kernel.cuh).
 constexpr float kReferenceSlackLog2 = 8.0f;
