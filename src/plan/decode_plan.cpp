@@ -40,8 +40,9 @@ DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t h
 
 DenseDecodePlan bound_decode_splits(DenseDecodePlan plan, int64_t max_seq_len, int64_t splits_per_tile) {
   if (max_seq_len <= 0 || plan.balanced) return plan;
-  const int64_t filled = (max_seq_len + kDecodeMinKeysPerSplit - 1) / kDecodeMinKeysPerSplit * splits_per_tile;
-  plan.splits = std::max<int64_t>(1, std::min(plan.splits, filled));
+  const int64_t tiles = max_seq_len / kDecodeMinKeysPerSplit + (max_seq_len % kDecodeMinKeysPerSplit != 0);
+  if (tiles >= plan.splits) return plan;  // (and the product below cannot overflow)
+  plan.splits = std::max<int64_t>(1, std::min(plan.splits, tiles * std::max<int64_t>(1, splits_per_tile)));
   return plan;
 }
 

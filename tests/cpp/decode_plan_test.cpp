@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
 namespace openmla {
 namespace {
 
@@ -59,6 +61,7 @@ TEST(DecodePlan, ABoundOnTheLengthsTrimsUniformPlans) {
   EXPECT_EQ(bound_decode_splits(d4_b1, 64, 2).splits, 2);
   EXPECT_EQ(bound_decode_splits(d4_b1, 0, 1).splits, 128);
   EXPECT_EQ(bound_decode_splits(d4_b1, 32768, 1).splits, 128);  // D5: every split has keys
+  EXPECT_EQ(bound_decode_splits(d4_b1, INT64_MAX, 2).splits, 128);
   EXPECT_EQ(bound_decode_splits(plan_dense_decode(2, 1, 16, 132), 4096, 1).splits, 64);  // of 66
   EXPECT_EQ(bound_decode_splits(plan_dense_decode(4, 1, 16, 132), 4096, 1).splits, 33);
   // Balanced plans pick their splits per request on the device: kept.
