@@ -618,8 +618,8 @@ const DecodeCase kCoveringCases[] = {
     // A bound on the lengths (bound_decode_splits): D4 B1's plans without empty splits (FP8: 64
     // splits of a tile; bf16: 128 in value halves), and bounds below the real lengths (FP8 B2:
     // one split, no combine, for 4096 keys; bf16: 4 splits for up to 4096 keys, not halved).
-    with({1, 1, 16, 4096, 64, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.pdl = true, c.max_seq_len = 4096; }),
-    with({1, 1, 16, 4096, 64, false, false}, [](DecodeCase& c) { c.pdl = true, c.max_seq_len = 4096; }),
+    with({1, 1, 16, 4096, 64, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
+    with({1, 1, 16, 4096, 64, false, false}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
     with({2, 1, 16, 4096, 64, true, false, kFp8, kFp8}, [](DecodeCase& c) { c.max_seq_len = 64; }),
     with({6, 2, 8, 4096, 32, true, true}, [](DecodeCase& c) { c.max_seq_len = 100; }),
 };
