@@ -29,6 +29,7 @@ namespace {
 constexpr int64_t kPageSize = 64;  // PERF.md's cases
 constexpr int kGraphCalls = 20;  // calls per captured graph for the latency-bound cases
 constexpr uint64_t kVarlenSeed = 20240611;  // D3's lengths: the same in every run
+constexpr int64_t kDeepSeekContext = 163840;  // DeepSeek-V3's longest context: an engine's table width
 // FP8 values stored over [-8, 8) with a scale of 1/8: real values in [-1, 1) like the BF16
 // cases, while the stored ones use a good part of the E4M3 range.
 constexpr float kFp8StoredRange = 8.0f;
@@ -54,6 +55,10 @@ struct DecodeShape {
   // DenseDecodeParams::max_seq_len = the longest length (as TokenSpeed's and FlashAttention's
   // callers pass it); case name ends in "max_seq_len"
   bool bound = false;
+  // Block-table columns for this many keys at least (0: the longest request's pages). An
+  // engine's table spans its longest context (vLLM: max_model_len), which is no bound on the
+  // lengths; case name contains "wide_table".
+  int64_t table_keys = 0;
   int64_t page_size = kPageSize;
 };
 
@@ -74,6 +79,8 @@ Case dense_decode_case(const DecodeShape& shape, Format format) {
     attended_pairs += double(shape.query_tokens) * length -
                       double(shape.query_tokens) * double(shape.query_tokens - 1) / 2;
   }
+
+  max_pages = std::max(max_pages, pages_of(shape.table_keys));
 
   Case decode;
   decode.op = "dense_decode";
@@ -161,13 +168,18 @@ void add_dense_decode_cases(std::vector<Case>& cases) {
     for (int64_t batch : {1, 2, 4}) shapes.push_back(uniform_shape("D4", batch, 1, 16, 4096, true, pdl));
     shapes.push_back(uniform_shape("D5", 1, 1, 16, 32768, true, pdl));
   }
-  // With PDL and the lengths' bound (max_seq_len): no split without keys is launched (FP8 D4
-  // B1: 64 splits instead of 128; the bf16 plans and D5 keep theirs).
-  for (int64_t batch : {1, 2, 4}) {
-    DecodeShape shape = uniform_shape("D4", batch, 1, 16, 4096, true, true);
-    shape.name += " max_seq_len";
-    shape.bound = true;
-    shapes.push_back(shape);
+  // The cases above size the block table to the longest request, which bounds the lengths
+  // (dense_decode.h max_seq_len): no split without keys is launched. With PDL, a table for
+  // DeepSeek-V3's 163840-token context as an engine sizes it, without and with max_seq_len (FP8
+  // D4 B1: 128 splits, half of them without keys, or 64; the bf16 plans and D5 keep theirs).
+  for (bool bound : {false, true}) {
+    for (int64_t batch : {1, 2, 4}) {
+      DecodeShape shape = uniform_shape("D4", batch, 1, 16, 4096, true, true);
+      shape.name += bound ? " wide_table max_seq_len" : " wide_table";
+      shape.table_keys = kDeepSeekContext;
+      shape.bound = bound;
+      shapes.push_back(shape);
+    }
   }
 
   for (Format format : {Format::kBf16, Format::kFp8Cache, Format::kFp8QueryAndCache}) {

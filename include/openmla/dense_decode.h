@@ -49,7 +49,9 @@ struct DenseDecodeParams {
   // launches no split that would get no keys (D4 B1 with an FP8 cache: 64 splits of one tile
   // instead of 128, half of them empty). Only a launch hint: each split's keys still come from
   // seq_lens on the device, so a request longer than the bound is computed correctly, in fewer,
-  // longer splits. The workspace query does not use it.
+  // longer splits. The workspace query does not use it. The block table's capacity
+  // (max_pages * page_size, which bounds seq_lens by contract) is always taken as a bound too,
+  // so a table sized to the longest request needs no max_seq_len.
   int64_t max_seq_len = 0;
 };
 

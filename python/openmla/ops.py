@@ -65,7 +65,8 @@ def mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal=False, 
     max_seq_len: optional bound on seq_lens (0: none). Short requests at small batch then
     launch no split that would get no keys (faster); a longer request is still computed
     correctly, only in fewer, longer splits. A CUDA graph captured with a bound replays
-    correctly with any lengths.
+    correctly with any lengths. The block table's capacity (max_pages * page_size) bounds
+    the lengths too, so a table sized to the longest request needs no max_seq_len.
     Precision with an fp8 cache (bf16 or fp8 q): S on FP8 tensor cores (a bf16 q as two e4m3
     parts), P V in fp16 with fp32 accumulation: up to ~2e-3 relative on the output and ~2e-3
     (1 + |LSE|) on the LSE beyond the fp8 inputs' own error (include/openmla/dense_decode.h).

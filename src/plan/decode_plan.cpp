@@ -46,6 +46,11 @@ DenseDecodePlan bound_decode_splits(DenseDecodePlan plan, int64_t max_seq_len, i
   return plan;
 }
 
+int64_t decode_length_bound(int64_t max_seq_len, int64_t table_columns, int64_t page_size) {
+  const int64_t capacity = table_columns * page_size;  // (0 for an empty table: no bound)
+  return max_seq_len > 0 && (capacity <= 0 || max_seq_len < capacity) ? max_seq_len : std::max<int64_t>(0, capacity);
+}
+
 int planning_sm_count(Device device) {
 #if OPENMLA_WITH_CUDA
   int index = device.index, count = 0;

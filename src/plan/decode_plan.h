@@ -66,6 +66,13 @@ int planning_sm_count(Device device);
 // A hint only: the kernels spread each request's real length over the plan's splits.
 DenseDecodePlan bound_decode_splits(DenseDecodePlan plan, int64_t max_seq_len, int64_t splits_per_tile);
 
+// The bound a launch plans for (0: none): the caller's max_seq_len (0: none) and the block
+// table's capacity, table_columns * page_size, which bounds every seq_lens[b] by the op's
+// contract. Both are fixed when a graph is captured. So a table sized to the longest request
+// (FlashMLA's and TokenSpeed's tests size theirs so) needs no max_seq_len; an engine's table
+// for its longest context bounds little.
+int64_t decode_length_bound(int64_t max_seq_len, int64_t table_columns, int64_t page_size);
+
 // Bytes of scratch for split-KV decode with `splits` splits: per (split, request, token, head)
 // a partial output of `value_dim` floats and one LSE float, then one int32 per request (the
 // splits a balanced plan used); 0 when splits == 1 (no combine).

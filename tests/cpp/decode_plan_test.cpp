@@ -70,6 +70,20 @@ TEST(DecodePlan, ABoundOnTheLengthsTrimsUniformPlans) {
   EXPECT_EQ(balanced.splits, kBalancedSplits);
 }
 
+// The bound a launch plans for: max_seq_len where it is below the block table's capacity
+// (columns x page size, which bounds the lengths by contract), else the capacity; 0 only for an
+// empty table without max_seq_len.
+TEST(DecodePlan, TheLengthBoundIsTheTablesCapacityAtMost) {
+  EXPECT_EQ(decode_length_bound(0, 64, 64), 4096);     // a table sized to D4's requests
+  EXPECT_EQ(decode_length_bound(1000, 64, 64), 1000);
+  EXPECT_EQ(decode_length_bound(10000, 64, 64), 4096);
+  EXPECT_EQ(decode_length_bound(4096, 2560, 64), 4096);  // an engine's table for 163840 keys
+  EXPECT_EQ(decode_length_bound(0, 2560, 64), 163840);
+  EXPECT_EQ(decode_length_bound(0, 0, 64), 0);
+  EXPECT_EQ(decode_length_bound(100, 0, 64), 100);
+  EXPECT_EQ(bound_decode_splits(plan_dense_decode(1, 1, 16, 132), decode_length_bound(0, 2560, 64), 1).splits, 128);
+}
+
 TEST(DecodePlan, RowTilesFoldTokensAndHeads) {
   EXPECT_EQ(plan_dense_decode(3, 2, 63, 132).row_tiles, 2);  // 126 rows
   EXPECT_EQ(plan_dense_decode(3, 1, 16, 132).row_tiles, 1);

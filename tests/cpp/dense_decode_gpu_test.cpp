@@ -69,6 +69,9 @@ struct DecodeCase {
   // DenseDecodeParams::max_seq_len: a bound on the lengths that trims the split plan; a launch
   // hint only, so it may also be below a request's length.
   int64_t max_seq_len = 0;
+  // A block table of exactly the longest request's pages (no garbage entries past them): its
+  // capacity bounds the lengths as max_seq_len does (decode_plan.h decode_length_bound).
+  bool tight_table = false;
 };
 
 int64_t uniform_int(std::mt19937_64& rng, int64_t low, int64_t high) {
@@ -117,7 +120,7 @@ DecodeInputs make_inputs(const DecodeCase& c, const std::vector<int32_t>& length
     used_pages += pages_of(length);
     longest = std::max(longest, pages_of(length));
   }
-  if (table_width == 0) table_width = longest + 2;
+  if (table_width == 0) table_width = std::max<int64_t>(1, longest + (c.tight_table ? 0 : 2));
   if (page_count == 0) page_count = used_pages + 3;
   EXPECT_LE(longest, table_width);
   EXPECT_LE(used_pages, page_count);
@@ -400,7 +403,8 @@ std::string case_name(const DecodeCase& c) {
        << (c.with_lse ? "" : "_nolse") << (c.cache_with_head_dim ? "_cache4d" : "")
        << (c.softmax_scale > 1 ? "_sharp" : "") << (c.query_magnitude > 1 ? "_hugeq" : "")
        << (c.query_magnitude < 1 ? "_tinyq" : "") << (c.padded_cache ? "_paddedcache" : "")
-       << (c.pdl ? "_pdl" : "") << (c.max_seq_len > 0 ? "_bound" + std::to_string(c.max_seq_len) : "");
+       << (c.pdl ? "_pdl" : "") << (c.max_seq_len > 0 ? "_bound" + std::to_string(c.max_seq_len) : "")
+       << (c.tight_table ? "_tighttable" : "");
   return name.str();
 }
 
@@ -622,6 +626,11 @@ const DecodeCase kCoveringCases[] = {
     with({1, 1, 16, 4096, 64, false, false}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
     with({2, 1, 16, 4096, 64, true, false, kFp8, kFp8}, [](DecodeCase& c) { c.max_seq_len = 64; }),
     with({6, 2, 8, 4096, 32, true, true}, [](DecodeCase& c) { c.max_seq_len = 100; }),
+    // The table's capacity as the bound: D4 B1's FP8 plan of 64 splits; one tile's keys (bf16:
+    // two splits in value halves; FP8 B2: one split, no combine).
+    with({1, 1, 16, 4096, 64, false, false, kFp8, kFp8}, [](DecodeCase& c) { c.pdl = true; c.tight_table = true; }),
+    with({1, 1, 16, 20, 16, false, false}, [](DecodeCase& c) { c.tight_table = true; }),
+    with({2, 1, 16, 60, 64, true, false, kBf16, kFp8}, [](DecodeCase& c) { c.tight_table = true; }),
 };
 
 std::string param_name(const ::testing::TestParamInfo<DecodeCase>& info) {

@@ -162,8 +162,10 @@ void dense_decode(const DenseDecodeParams& params) {
   // Value halves (split_common.cuh key_range_of): only the 16-bit narrow kernel at 16 rows (D4,
   // D5; the 32-row kernel runs at its register limit), only for partials (a uniform split plan).
   const bool may_halve_values = !fp8_cache && query_tokens * heads <= 16;
+  // Bounded by max_seq_len and the block table's capacity: no split that would get no keys.
+  const int64_t length_bound = decode_length_bound(params.max_seq_len, params.block_table.size(1), cache.size(1));
   const DenseDecodePlan plan = bound_decode_splits(plan_dense_decode(batch, query_tokens, heads, sm_count),
-                                                   params.max_seq_len, may_halve_values ? 2 : 1);
+                                                   length_bound, may_halve_values ? 2 : 1);
 
   SplitArgs args{};
   args.q = q.ptr<const uint8_t>();
