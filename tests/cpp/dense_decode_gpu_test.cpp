@@ -897,7 +897,9 @@ TEST(DenseDecodeGpuGraph, BalancedReplayFollowsSplitCounts) {
 // the op start, over hostile values (lengths far past the table, a negative one; garbage and
 // negative pages), so that what the CTAs prefetch before their wait (key_tiles.cuh
 // start_split_cta) follows stale values. The results must follow the new ones; and a
-// speculative read outside the table would fault (compute-sanitizer: out of bounds).
+// speculative read outside the table would fault (compute-sanitizer: out of bounds). A second
+// form keeps the true lengths and moves every page to the next one of the cache: an FP8 CTA then
+// issues its first tile speculatively from valid but wrong pages, and must load it again.
 TEST(DenseDecodeGpuPdl, InputsWrittenByThePreviousKernel) {
   OPENMLA_REQUIRE_GPU();
   const DecodeCase cases[] = {
@@ -905,14 +907,16 @@ TEST(DenseDecodeGpuPdl, InputsWrittenByThePreviousKernel) {
       {2, 2, 16, 4096, 16, true, true, kBf16, kFp8},  // narrow FP8 kernel, 32 rows, pages of 16
       {2, 1, 128, 4096, 256, false, false},           // 64-row kernel
       {2, 1, 16, 4096, 128, true, false, kFp8, kFp8},
-      {1, 1, 16, 4096, 64, true, false, kBf16, kFp8},  // D4 B1's plan (one request, 128 splits): early table entries
+      {1, 1, 16, 4096, 64, true, false, kBf16, kFp8},  // D4 B1's plan (66 splits): early entries, speculative tile 0
+      {1, 1, 16, 4096, 64, true, false, kFp8, kFp8},   // the same with an fp8 q
       {1, 1, 16, 4096, 64, true, false},  // the same in the 16-bit kernel: value halves
   };
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);  // blocking: ordered after cudaMemcpy
+  for (const bool plausible : {false, true})
   for (DecodeCase c : cases) {
     c.pdl = true;
-    SCOPED_TRACE(case_name(c));
+    SCOPED_TRACE(case_name(c) + (plausible ? " (stale: the next pages)" : " (stale: hostile values)"));
     auto rng = make_rng();
     const DecodeInputs inputs = make_inputs(c, sequence_lengths(c, rng), rng);
     const DecodeResult poisoned = poisoned_result(inputs);
@@ -927,8 +931,16 @@ TEST(DenseDecodeGpuPdl, InputsWrittenByThePreviousKernel) {
     const int64_t batch = int64_t(inputs.lengths.size()), width = inputs.block_table.numel() / batch;
     HostTensor stale_lengths(DType::kInt32, {batch}), stale_table(DType::kInt32, {batch, width});
     const int32_t lengths[] = {std::numeric_limits<int32_t>::max(), -7, 1 << 30};
-    for (int64_t b = 0; b < batch; ++b) stale_lengths.data<int32_t>()[b] = lengths[b % 3];
-    for (int64_t i = 0; i < batch * width; ++i) stale_table.data<int32_t>()[i] = i % 2 ? kGarbagePage : -5;
+    const int64_t cache_pages = inputs.cache.view().size(0);
+    for (int64_t b = 0; b < batch; ++b) {
+      stale_lengths.data<int32_t>()[b] = plausible ? inputs.lengths[size_t(b)] : lengths[b % 3];
+    }
+    for (int64_t i = 0; i < batch * width; ++i) {
+      const int32_t page = inputs.block_table.data<int32_t>()[i];
+      stale_table.data<int32_t>()[i] = !plausible ? (i % 2 ? kGarbagePage : -5)
+                                       : page >= 0 && page < cache_pages ? int32_t((page + 1) % cache_pages)
+                                                                         : page;
+    }
     call.seq_lens.copy_from(stale_lengths);
     call.block_table.copy_from(stale_table);
     launch_late_copies(true_lengths, call.seq_lens, true_table, call.block_table, /*delay_us=*/100, stream);

@@ -104,9 +104,11 @@ KeyMaps make_key_maps(const TensorView& cache, int latent_part_blocks) {
 }
 
 // small_page_tiles: the 64-row kernel's 16-bit tiles in SmallPageKeyTileParts (pages of 16 tokens).
+// speculative_first_tile: the narrow FP8 kernel at 16 rows issues a split's first tile right after
+// the PDL wait (its kSpeculative form).
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 void launch_split(const KeyMaps& maps, const SplitArgs& args, dim3 grid, cudaStream_t stream,
-                  bool programmatic, bool small_page_tiles) {
+                  bool programmatic, bool small_page_tiles, bool speculative_first_tile) {
   // Not a stream operation: allowed during graph capture, and cheap enough to repeat.
   auto launch = [&](auto kernel, int threads, int bytes) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), kOp,
@@ -117,7 +119,11 @@ void launch_split(const KeyMaps& maps, const SplitArgs& args, dim3 grid, cudaStr
     constexpr int kRows = decltype(rows)::value;
     if constexpr (kFp8Cache) {
       using Layout = NarrowFp8Layout<kFp8Q, kRows>;
-      launch(dense_decode_narrow_fp8_kernel<kFp8Q, kRows>, Layout::kThreads, Layout::kLaunchBytes);
+      if (kRows == 16 && speculative_first_tile) {
+        launch(dense_decode_narrow_fp8_kernel<kFp8Q, kRows, kRows == 16>, Layout::kThreads, Layout::kLaunchBytes);
+      } else {
+        launch(dense_decode_narrow_fp8_kernel<kFp8Q, kRows>, Layout::kThreads, Layout::kLaunchBytes);
+      }
     } else {
       using Layout = NarrowLayout<kRows>;
       launch(dense_decode_narrow_kernel<kHalf, kRows>, Layout::kThreads, Layout::kLaunchBytes);
@@ -223,6 +229,13 @@ void dense_decode(const DenseDecodeParams& params) {
   // A balanced plan with ragged lengths walks this plane longest request first instead
   // (split_common.cuh cta_work).
   const dim3 grid(unsigned(plan.row_tiles), unsigned(batch), unsigned(plan.splits));
+  // With PDL the narrow FP8 kernel issues a split's first tile right after the wait, from the
+  // entries read before it (key_tiles.cuh start_split_cta), where the grid takes at most half
+  // the SMs: there (FP8 D4 B1's 64 CTAs) an fp8 q's one-tile splits gained 2.5-3%; with every
+  // SM's first tile in one burst right after the wait (D4 B2's 128 CTAs) the call was 4-6% slower
+  // (H100 and H200, perf log session 51). At 16 rows only (D4's; 32 rows were not measured).
+  const bool speculative_first_tile = params.enable_pdl && !plan.balanced && args.rows <= 16 &&
+                                      2 * int64_t(grid.x) * grid.y * grid.z <= sm_count;
   const cudaStream_t stream = as_cuda_stream(params.stream);
   // Pages of 16 tokens: the 64-row kernel's 16-bit tiles in two parts (fewer TMA boxes;
   // key_tiles.cuh SmallPageKeyTileParts).
@@ -230,13 +243,17 @@ void dense_decode(const DenseDecodeParams& params) {
   const KeyMaps maps = make_key_maps(
       cache, small_page_tiles ? SmallPageKeyTileParts::blocks_in(0) : KeyTileParts::blocks_in(0));
   if (half) {
-    launch_split<true, false, false>(maps, args, grid, stream, params.enable_pdl, small_page_tiles);
+    launch_split<true, false, false>(maps, args, grid, stream, params.enable_pdl, small_page_tiles,
+                                     speculative_first_tile);
   } else if (fp8_q) {  // S (<= 32 rows: S^T) on e4m3 tensor cores, P V in fp16
-    launch_split<true, true, true>(maps, args, grid, stream, params.enable_pdl, small_page_tiles);
+    launch_split<true, true, true>(maps, args, grid, stream, params.enable_pdl, small_page_tiles,
+                                   speculative_first_tile);
   } else if (fp8_cache) {
-    launch_split<true, false, true>(maps, args, grid, stream, params.enable_pdl, small_page_tiles);
+    launch_split<true, false, true>(maps, args, grid, stream, params.enable_pdl, small_page_tiles,
+                                    speculative_first_tile);
   } else {
-    launch_split<false, false, false>(maps, args, grid, stream, params.enable_pdl, small_page_tiles);
+    launch_split<false, false, false>(maps, args, grid, stream, params.enable_pdl, small_page_tiles,
+                                      speculative_first_tile);
   }
 
   // The combine kernel waits for the attention kernel's results (griddepcontrol.wait) before

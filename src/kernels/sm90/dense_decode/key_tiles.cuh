@@ -233,9 +233,15 @@ __device__ __forceinline__ void read_table_entries(const SplitArgs& args, const 
 // boxes (KeyTileLoader::take_early_pages), else reads the table itself. Read only by the producer
 // after the barrier, the table was a second dependent round trip after seq_lens: ~0.4 us of a D4
 // CTA's ~0.8 us from its CTA barrier to its tile's issue (perf log, session 43).
+// With a speculative first tile (start_split_cta's `speculative_landed`), the same thread also
+// issues tile 0 right after the wait from the entries it read before it (speculative_pages), so
+// that the tile's landing does not wait for the entries' round trip; the entries read after the
+// wait then only confirm it (speculative_boxes: the boxes issued where they match, else 0).
 struct EarlyPages {
   int first_key, boxes;       // first_key -1: none
   int pages[kMaxTileBoxes];
+  int speculative_boxes;
+  int speculative_pages[kMaxTileBoxes];
 };
 
 // Issues a split's key tiles by TMA (one thread): reads the block-table entries of a tile's
@@ -322,17 +328,31 @@ struct KeyTileLoader {
 // kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile
 // (KeyParts: the 16-bit tile's layout).
 // early (optional): tile 0's entries as published before the CTA barrier (EarlyPages).
+// speculative_landed (optional, with early; one part a tile): the barrier of a speculative tile 0
+// (start_split_cta). Where it is confirmed, the producer only completes full[0]'s first phase
+// (its consumers wait for both barriers); else it lets the speculative copy land before it issues
+// tile 0 into the same stage.
 template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1, class KeyParts = KeyTileParts>
 __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
                                                   uint8_t* stages, uint64_t* full, uint64_t* empty,
-                                                  const EarlyPages* early = nullptr) {
+                                                  const EarlyPages* early = nullptr,
+                                                  uint64_t* speculative_landed = nullptr) {
   KeyTileLoader<kFp8Cache, KeyParts> loader(maps, args, table_row, range, stages);
-  if (early == nullptr || !loader.take_early_pages(*early)) loader.read_pages(0);
+  const bool took_early = early != nullptr && loader.take_early_pages(*early);
+  if (!took_early) loader.read_pages(0);
+  // (A speculative tile lands on one barrier: FP8 tiles.)
+  const bool speculated =
+      kParts == 1 && took_early && speculative_landed != nullptr && early->speculative_boxes == loader.boxes_of(0);
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % kStages;
     if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) % 2);
-    loader.template issue<kParts>(tile, stage, &full[(stage * kGroups + tile % kGroups) * kParts]);
+    if (tile == 0 && speculated) {
+      mbarrier_arrive(&full[0]);
+    } else {
+      if (tile == 0 && speculative_landed != nullptr) mbarrier_wait(speculative_landed, 0);
+      loader.template issue<kParts>(tile, stage, &full[(stage * kGroups + tile % kGroups) * kParts]);
+    }
     if (tile + 1 < range.tiles) loader.read_pages(tile + 1);
     // Tile 1 waits until tile 0 has landed: issued together, every CTA's first two tiles
     // share the memory system's queues, so tile 0 lands only at the end of the whole GPU's
@@ -341,6 +361,7 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
     if (tile == 0 && range.tiles > 1) {
 #pragma unroll
       for (int part = 0; part < kParts; ++part) mbarrier_wait(&full[part], 0);
+      if (speculative_landed != nullptr) mbarrier_wait(speculative_landed, 0);
     }
   }
 }
@@ -367,9 +388,12 @@ __device__ __forceinline__ bool prefetch_threads() {
   return kFp8Cache ? threadIdx.x >= blockDim.x - 32 : threadIdx.x == blockDim.x - 1;
 }
 // Returns the length it read.
+// pages: the entries it read (-1 where none or out of the cache).
 template <bool kFp8Cache>
 __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, const SplitArgs& args, int first_row,
-                                                        int rows_here) {
+                                                        int rows_here, int (&pages)[kMaxTileBoxes]) {
+#pragma unroll
+  for (int box = 0; box < kMaxTileBoxes; ++box) pages[box] = -1;
   const int batch_index = int(blockIdx.y);
   const int length = __ldcg(args.seq_lens + batch_index * args.seq_lens_stride);
   const KeyRange range = key_range_of(args, int(blockIdx.z), length, args.splits, first_row, rows_here);
@@ -383,6 +407,7 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
     if (unsigned(entry) >= unsigned(args.block_table_columns)) break;
     const int page = __ldcg(table_row + entry);
     if (unsigned(page) >= unsigned(args.cache_pages)) continue;
+    pages[box] = page;
     const int token = key & (page_tokens - 1);
     if constexpr (kFp8Cache) {  // each row's 576 bytes as 5 lines (a row may straddle lines)
       constexpr int kLines = (kHeadDim + 127) / 128;
@@ -403,17 +428,33 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
 // tiles; a balanced plan's (cta_work ranks the requests by length) only after the wait.
 // early (optional): with PDL the prefetching thread also reads its first tile's entries right
 // after the wait (EarlyPages; first_key -1 in every other thread and without PDL).
+// speculative_landed (optional, with early; FP8 tiles): a barrier in shared memory that the last
+// thread sets up before the wait and completes once after it: where the prefetch read tile 0's
+// entries (at most kMaxPrefetchBoxes boxes), by issuing tile 0 from them into `first_stage` right
+// after the wait (the tile's bytes are read after the wait, so they are the previous kernel's
+// final ones; only its pages may be stale, which publish_early_pages checks), else by a plain
+// arrival. Every thread that uses stage 0 waits for it (tile 0's consumers, an empty split's exit).
 template <int kQueryElementBytes, bool kFp8Cache>
 __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const SplitArgs& args, int first_row,
-                                                   int rows_here, int* scratch, EarlyPages* early = nullptr) {
+                                                   int rows_here, int* scratch, EarlyPages* early = nullptr,
+                                                   uint64_t* speculative_landed = nullptr,
+                                                   uint8_t* first_stage = nullptr) {
+  KeyRange speculative_range;
+  speculative_range.tiles = 0;
   if (early != nullptr) {
     early->first_key = -1;
     early->boxes = 0;
+    early->speculative_boxes = 0;
+  }
+  if (speculative_landed != nullptr && threadIdx.x == blockDim.x - 1) {
+    mbarrier_init(speculative_landed, 1);
+    fence_barrier_init();
   }
   if (!args.balanced) {
     start_early_loads<kQueryElementBytes>(maps, args, int(blockIdx.y), first_row, rows_here);
     if (args.prefetch_before_wait && prefetch_threads<kFp8Cache>()) {
-      const int length = prefetch_first_key_tiles<kFp8Cache>(maps, args, first_row, rows_here);
+      int pages[kMaxTileBoxes];
+      const int length = prefetch_first_key_tiles<kFp8Cache>(maps, args, first_row, rows_here, pages);
       // Where the first tile's entries are (after the wait, only the loads). (The range is worked
       // out again: ptxas does not merge it with the prefetch's, ~45 instructions, but returning it
       // from there measured FP8 D4 B2 PDL 1.7% and 2.4% slower in two A/B calls, B4 1.1-1.4%
@@ -425,6 +466,16 @@ __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const Sp
         early->first_key = range.begin;
         early->boxes =
             max(0, boxes_for_keys(min(range.begin + kTileKeys, min(length, table_keys)) - range.begin, box_tokens_of(args)));
+        if (speculative_landed != nullptr && early->boxes <= kMaxPrefetchBoxes &&
+            early->boxes == boxes_for_keys(min(kTileKeys, length - range.begin), box_tokens_of(args))) {
+          early->speculative_boxes = early->boxes;
+#pragma unroll
+          for (int box = 0; box < kMaxTileBoxes; ++box) {
+            early->speculative_pages[box] = pages[box];
+            if (box < early->boxes && pages[box] < 0) early->speculative_boxes = 0;
+          }
+          speculative_range = range;
+        }
       }
     }
   }
@@ -436,6 +487,19 @@ __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const Sp
     const int32_t* table_row = args.block_table + int(blockIdx.y) * args.block_table_row;
     read_table_entries(args, table_row, early->first_key, early->boxes, box_tokens_of(args), early->pages);
   }
+  if constexpr (kFp8Cache) {  // (a speculative tile lands on one barrier)
+    if (speculative_landed != nullptr && threadIdx.x == blockDim.x - 1) {
+      if (early->speculative_boxes > 0) {
+        const int32_t* table_row = args.block_table + int(blockIdx.y) * args.block_table_row;
+        KeyTileLoader<kFp8Cache> loader(maps, args, table_row, speculative_range, first_stage);
+#pragma unroll
+        for (int box = 0; box < kMaxTileBoxes; ++box) loader.pages[box] = early->speculative_pages[box];
+        loader.issue(0, 0, speculative_landed);
+      } else {
+        mbarrier_arrive(speculative_landed);
+      }
+    }
+  }
   const CtaWork work = cta_work(args, scratch);
   if (args.balanced) start_early_loads<kQueryElementBytes>(maps, args, work.batch_index, first_row, rows_here);
   return work;
@@ -445,8 +509,18 @@ __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const Sp
 // uses before the producer has issued tile 1: stage 1), for the producer after the CTA barrier;
 // called after the CTA's seq_lens read (split_key_range), so that the entries' loads overlap it.
 // Every CTA's slot is written (first_key -1: none).
+// A speculative tile 0 is confirmed where the entries read after the wait are the ones it was
+// issued from.
 __device__ __forceinline__ void publish_early_pages(const EarlyPages& early, EarlyPages* slot) {
-  if (threadIdx.x == blockDim.x - 1) *slot = early;
+  if (threadIdx.x == blockDim.x - 1) {
+    EarlyPages published = early;
+#pragma unroll
+    for (int box = 0; box < kMaxTileBoxes; ++box) {
+      const bool moved = early.pages[box] != early.speculative_pages[box];
+      if (box < early.speculative_boxes && moved) published.speculative_boxes = 0;
+    }
+    *slot = published;
+  }
 }
 template <bool kFp8Cache>
 __device__ __forceinline__ EarlyPages* early_pages_slot(uint8_t* stages) {

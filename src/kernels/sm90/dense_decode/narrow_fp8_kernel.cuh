@@ -107,9 +107,9 @@ struct NarrowFp8Layout {
   static constexpr int kRowOffsets = kRowFactors + kRows * 4;       // [kRows] int64
   static constexpr int kMovedFlags = kRowOffsets + kRows * 8;       // [2] int (+ padding)
   // full[kStages], empty[kStages], published[2], consumed[2], reference_published[2], finished,
-  // scores_met
+  // scores_met, speculative_landed
   static constexpr int kBarriers = kMovedFlags + 16;
-  static constexpr int kBytes = kBarriers + (2 * kStages + 8) * 8;
+  static constexpr int kBytes = kBarriers + (2 * kStages + 9) * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
   // After the last tile the output is staged in the key stages: [kRows][512 + 8] floats (as the
   // 64-row kernel's float2 staging).
@@ -119,7 +119,9 @@ struct NarrowFp8Layout {
   static_assert(kLaunchBytes + 16 <= kMaxSharedBytes, "shared memory (+ static words)");
 };
 
-template <bool kFp8Q, int kRows>
+// kSpeculative: with PDL a split's first tile is issued right after the wait (start_split_cta);
+// an instantiation of its own, so that the other launches run the code they ran without it.
+template <bool kFp8Q, int kRows, bool kSpeculative = false>
 __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
     dense_decode_narrow_fp8_kernel(const __grid_constant__ KeyMaps maps, SplitArgs args) {
   using Layout = NarrowFp8Layout<kFp8Q, kRows>;
@@ -140,6 +142,8 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   uint64_t* reference_published = consumed + 2;
   uint64_t* finished = reference_published + 2;
   uint64_t* scores_met = finished + 1;
+  // Tile 0, issued before the CTA barrier (start_split_cta); null where the kernel does not.
+  uint64_t* speculative_landed = kSpeculative ? scores_met + 1 : nullptr;
   auto probabilities = [&](int which) { return shared + Layout::kProbabilities + which * (kRows * 128); };
   float* references = reinterpret_cast<float*>(shared + Layout::kReferences);  // [which][row]
   float* factors = reinterpret_cast<float*>(shared + Layout::kFactors);  // [which][row]
@@ -160,12 +164,17 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   const int rows_here = args.rows;  // <= kRows: one row tile
   EarlyPages early;
   const CtaWork work =
-      start_split_cta<(kFp8Q ? 1 : 2), true>(&maps, args, 0, rows_here, reinterpret_cast<int*>(stages), &early);
+      start_split_cta<(kFp8Q ? 1 : 2), true>(&maps, args, 0, rows_here, reinterpret_cast<int*>(stages), &early,
+                                             speculative_landed, stages);
   const int batch_index = work.batch_index, split = work.split;
   const KeyRange range = split_key_range(args, work, 0, rows_here);
   publish_early_pages(early, early_pages_slot<true>(stages));
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
-  if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;
+  if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) {
+    // (A speculative tile 0 lands in this CTA's shared memory: it may not end before that.)
+    if (speculative_landed != nullptr && threadIdx.x == blockDim.x - 1) mbarrier_wait(speculative_landed, 0);
+    return;
+  }
 
   init_stage_barriers(full, empty, 128, kStages);
   if (threadIdx.x == 0) {
@@ -184,7 +193,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
     set_register_count<kProducerRegisters, false>();
     if (threadIdx.x == Layout::kProducerGroup * 128) {
       produce_key_tiles<true, kStages>(&maps, args, table_row, range, stages, full, empty,
-                                       early_pages_slot<true>(stages));
+                                       early_pages_slot<true>(stages), speculative_landed);
     }
     return;
   }
@@ -234,6 +243,11 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
     auto previous_reference = [&](int tile, int slot) {
       return tile == 0 ? -INFINITY : references[((tile - 1) % 2) * kRows + row_of_slot(slot)];
     };
+    // Tile 0 lands on full[0] or, issued speculatively, on speculative_landed (start_split_cta);
+    // either way both complete, and tile 1 is issued only after tile 0 has landed. Waited for
+    // here rather than at tile 0 in the loop: in the loop its address took a register that the
+    // 32-row kernels do not have (C7512).
+    if (speculative_landed != nullptr) mbarrier_wait(speculative_landed, 0);
     for (int tile = first; tile < range.tiles; tile += 2) {
       const int stage = warp_uniform(tile % kStages), which = tile % 2;
       const int first_key = range.begin + tile * kTileKeys;
@@ -405,6 +419,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   const WideValueFragments value_readers[2] = {WideValueFragments(0, warp, lane), WideValueFragments(1, warp, lane)};
   constexpr int kBuffers = 2;
   uint32_t fragments[kBuffers][4][4];  // [buffer][M tile a, a + 1 x k step 2 h, 2 h + 1][register]
+  if (speculative_landed != nullptr) mbarrier_wait(speculative_landed, 0);  // (as in the score warpgroups)
   // Each tile's products are waited for at its end (run on into the next tile, ptxas serialised
   // every wgmma: C7513), so a rescale needs no wait and the P buffer is handed back at once.
   for (int tile = 0; tile < range.tiles; ++tile) {
