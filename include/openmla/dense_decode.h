@@ -40,6 +40,9 @@ struct DenseDecodeParams {
   // anything; before the wait, a split of a uniform plan only prefetches its query rows and
   // first key tiles into L2, the tiles' addresses from a speculative read of seq_lens and
   // block_table, repeated after the wait (so the previous kernel may still be writing them).
+  // (With an FP8 cache, at 16 rows and a grid of at most half the SMs, a split requests its first
+  // tile at those addresses right after the wait, and uses it only where the entries read again
+  // after the wait are the same; else it loads the tile again.)
   // The op's last kernel lets the next PDL-launched kernel start early too. Saves 1-2.5 us per
   // call at small batch (D4 / D5 on an H100). (The combine step, where there is one, always
   // launches so behind the attention kernel: both are this op's own kernels.)
