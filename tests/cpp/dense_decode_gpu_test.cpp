@@ -624,6 +624,9 @@ const DecodeCase kCoveringCases[] = {
     // one split, no combine, for 4096 keys; bf16: 4 splits for up to 4096 keys, not halved).
     with({1, 1, 16, 4096, 64, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
     with({1, 1, 16, 4096, 64, false, false}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
+    // The same FP8 plan (64 splits, the speculative tile 0) over 6 tiles a split, with 13 heads
+    // (a bf16 q's rows split by 256 threads, rows past rows_here zeros).
+    with({1, 1, 13, 24576, 64, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
     with({2, 1, 16, 4096, 64, true, false, kFp8, kFp8}, [](DecodeCase& c) { c.max_seq_len = 64; }),
     with({6, 2, 8, 4096, 32, true, true}, [](DecodeCase& c) { c.max_seq_len = 100; }),
     // The table's capacity as the bound: D4 B1's FP8 plan of 64 splits; one tile's keys (bf16:

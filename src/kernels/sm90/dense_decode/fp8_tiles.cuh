@@ -54,11 +54,15 @@ __device__ __forceinline__ void split_into_e4m3x2(uint32_t word, uint32_t down, 
 template <int kRows, int kThreads, bool kSplit>
 __device__ __forceinline__ void load_e4m3_query_rows(const SplitArgs& args, int batch_index, int first_row,
                                                      int rows_here, uint8_t* query, float* row_factors, int barrier) {
-  using Rows = QueryRowThreads<kRows, kThreads>;
+  // 8-dim units where a row's threads share them evenly, else 4-dim ones (16 threads a row: the
+  // narrow FP8 kernel's 16 rows split by both score warpgroups).
+  constexpr int kUnitDims = (kHeadDim / 8) % (kThreads / kRows) == 0 ? 8 : 4;
+  using Rows = QueryRowThreads<kRows, kThreads, kUnitDims>;
   constexpr int kThreadsPerRow = Rows::kThreadsPerRow, kUnits = Rows::kUnits;
   constexpr int kLines = kSplit ? 2 * kRows : kRows;
   const Rows rows(args, batch_index, first_row, rows_here, threadIdx.x % kThreads);
   if constexpr (!kSplit) {
+    static_assert(kUnitDims == 8, "an fp8 q in 8-byte units");
     uint2 bytes[kUnits];
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
@@ -70,14 +74,18 @@ __device__ __forceinline__ void load_e4m3_query_rows(const SplitArgs& args, int 
       *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(rows.row, rows.dim_of(j))) = bytes[j];
     }
   } else {
-    uint4 values[kUnits];
+    constexpr int kWords = kUnitDims / 2;  // bf16x2 words a unit
+    using Unit = std::conditional_t<kUnitDims == 8, uint4, uint2>;
+    uint32_t values[kUnits][kWords];
     uint32_t largest = 0;  // per 16-bit half (largest_magnitude_bits)
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
-      values[j] = rows.present ? *reinterpret_cast<const uint4*>(args.q + 2 * (rows.row_offset + rows.dim_of(j)))
-                               : make_uint4(0, 0, 0, 0);
-      largest = largest_magnitude_bits(values[j].x, values[j].y, largest);
-      largest = largest_magnitude_bits(values[j].z, values[j].w, largest);
+      Unit unit{};
+      if (rows.present) unit = *reinterpret_cast<const Unit*>(args.q + 2 * (rows.row_offset + rows.dim_of(j)));
+      static_assert(sizeof(Unit) == sizeof(values[j]), "a unit's words");
+      memcpy(values[j], &unit, sizeof(Unit));
+#pragma unroll
+      for (int w = 0; w < kWords; w += 2) largest = largest_magnitude_bits(values[j][w], values[j][w + 1], largest);
     }
     largest = max(largest & 0xffffu, largest >> 16);
 #pragma unroll
@@ -88,15 +96,24 @@ __device__ __forceinline__ void load_e4m3_query_rows(const SplitArgs& args, int 
     if (rows.lead == 0) row_factors[rows.row] = finite ? __int_as_float((127 + shift) << 23) : NAN;
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
-      const uint32_t words[4] = {values[j].x, values[j].y, values[j].z, values[j].w};
-      uint16_t high[4], low[4];
+      uint16_t high[kWords], low[kWords];
 #pragma unroll
-      for (int w = 0; w < 4; ++w) split_into_e4m3x2(words[w], down, high[w], low[w]);
-      const int dim = rows.dim_of(j);
-      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(rows.row, dim)) =
-          make_uint2(high[0] | uint32_t(high[1]) << 16, high[2] | uint32_t(high[3]) << 16);
-      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(kRows + rows.row, dim)) =
-          make_uint2(low[0] | uint32_t(low[1]) << 16, low[2] | uint32_t(low[3]) << 16);
+      for (int w = 0; w < kWords; ++w) split_into_e4m3x2(values[j][w], down, high[w], low[w]);
+      uint32_t high_bytes[kWords / 2], low_bytes[kWords / 2];  // 4 e4m3 values a word
+#pragma unroll
+      for (int w = 0; w < kWords / 2; ++w) {
+        high_bytes[w] = high[2 * w] | uint32_t(high[2 * w + 1]) << 16;
+        low_bytes[w] = low[2 * w] | uint32_t(low[2 * w + 1]) << 16;
+      }
+      uint8_t* high_line = query + raw_fp8_offset<kLines>(rows.row, rows.dim_of(j));
+      uint8_t* low_line = query + raw_fp8_offset<kLines>(kRows + rows.row, rows.dim_of(j));
+      if constexpr (kUnitDims == 8) {
+        *reinterpret_cast<uint2*>(high_line) = make_uint2(high_bytes[0], high_bytes[1]);
+        *reinterpret_cast<uint2*>(low_line) = make_uint2(low_bytes[0], low_bytes[1]);
+      } else {
+        *reinterpret_cast<uint32_t*>(high_line) = high_bytes[0];
+        *reinterpret_cast<uint32_t*>(low_line) = low_bytes[0];
+      }
     }
   }
   fence_shared_for_async_proxy();

@@ -219,8 +219,9 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       mbarrier_wait(scores_met, phase);
     };
     // Q by both score warpgroups with 32 rows (by one, a bf16 q's loads in flight took 72
-    // registers and spilled), by the first with 16 (8-dim units per row: 72).
-    if constexpr (kRows == 32) {
+    // registers and spilled) and a bf16 q's 16 (in 4-dim units: half the split code a thread,
+    // which each CTA runs once and cold); an fp8 q's 16 by the first (8-dim units per row: 72).
+    if constexpr (kRows == 32 || !kFp8Q) {
       load_e4m3_query_rows<kRows, 256, !kFp8Q>(args, batch_index, 0, rows_here, query, row_factors, kScoresBarrier);
     } else if (first == 0) {
       load_e4m3_query_rows<kRows, 128, !kFp8Q>(args, batch_index, 0, rows_here, query, row_factors, own_barrier);

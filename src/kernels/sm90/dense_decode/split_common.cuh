@@ -341,11 +341,12 @@ __device__ __forceinline__ int64_t query_row_offset(const SplitArgs& args, int b
 // row's offset once (a division by the head count, ~20 instructions) and taking its 8-dim units
 // lead, lead + kThreadsPerRow, ... (8 threads' units of a 16-bit row: one 128-byte line). Worked
 // out per unit instead, that was ~650 of the ~2300 instructions a D4 CTA of the 16-row kernel
-// runs once, each fetched cold (perf log, session 41).
-template <int kRows, int kThreads>
+// runs once, each fetched cold (perf log, session 41). kUnitDims 4: 16 threads a row (576 dims
+// are 72 units of 8, which 16 threads do not share evenly).
+template <int kRows, int kThreads, int kUnitDims = 8>
 struct QueryRowThreads {
-  static constexpr int kThreadsPerRow = kThreads / kRows, kUnits = kHeadDim / 8 / kThreadsPerRow;  // 8-dim units
-  static_assert(kThreadsPerRow * kRows == kThreads && kUnits * kThreadsPerRow * 8 == kHeadDim, "whole units");
+  static constexpr int kThreadsPerRow = kThreads / kRows, kUnits = kHeadDim / kUnitDims / kThreadsPerRow;
+  static_assert(kThreadsPerRow * kRows == kThreads && kUnits * kThreadsPerRow * kUnitDims == kHeadDim, "whole units");
   int row, lead;
   bool present;        // row < rows_here (rows past it are loaded as zeros)
   int64_t row_offset;  // query_row_offset of the row (0 when absent)
@@ -356,7 +357,7 @@ struct QueryRowThreads {
         lead(thread % kThreadsPerRow),
         present(row < rows_here),
         row_offset(present ? query_row_offset(args, batch_index, first_row + row) : 0) {}
-  __device__ __forceinline__ int dim_of(int j) const { return 8 * (lead + kThreadsPerRow * j); }
+  __device__ __forceinline__ int dim_of(int j) const { return kUnitDims * (lead + kThreadsPerRow * j); }
 };
 __device__ __forceinline__ uint16_t* output_row(const SplitArgs& args, int batch_index, int m) {
   return args.out + batch_index * args.out_batch + (m / args.heads) * args.out_token + (m % args.heads) * args.out_head;
