@@ -51,73 +51,89 @@ __device__ __forceinline__ void split_into_e4m3x2(uint32_t word, uint32_t down, 
 //   in [128, 256) (per row: a tiny row beside a huge one keeps its precision); row_factors[r] =
 //   2^s, which its logits must be multiplied by. A row with an inf or NaN gets factor NaN: its
 //   logits are NaN, as the 16-bit math makes them.
+// In two steps where the loads can start before the rows are needed (E4m3QueryRows: load, then
+// store by the same threads); load_e4m3_query_rows does both.
 template <int kRows, int kThreads, bool kSplit>
-__device__ __forceinline__ void load_e4m3_query_rows(const SplitArgs& args, int batch_index, int first_row,
-                                                     int rows_here, uint8_t* query, float* row_factors, int barrier) {
+struct E4m3QueryRows {
   // 8-dim units where a row's threads share them evenly, else 4-dim ones (16 threads a row: the
   // narrow FP8 kernel's 16 rows split by both score warpgroups).
-  constexpr int kUnitDims = (kHeadDim / 8) % (kThreads / kRows) == 0 ? 8 : 4;
+  static constexpr int kUnitDims = (kHeadDim / 8) % (kThreads / kRows) == 0 ? 8 : 4;
   using Rows = QueryRowThreads<kRows, kThreads, kUnitDims>;
-  constexpr int kThreadsPerRow = Rows::kThreadsPerRow, kUnits = Rows::kUnits;
-  constexpr int kLines = kSplit ? 2 * kRows : kRows;
-  const Rows rows(args, batch_index, first_row, rows_here, threadIdx.x % kThreads);
-  if constexpr (!kSplit) {
-    static_assert(kUnitDims == 8, "an fp8 q in 8-byte units");
-    uint2 bytes[kUnits];
+  static constexpr int kUnits = Rows::kUnits, kLines = kSplit ? 2 * kRows : kRows;
+  static constexpr int kWords = kSplit ? kUnitDims / 2 : kUnitDims / 4;  // 32-bit words a unit
+  using Unit = std::conditional_t<kWords == 4, uint4, std::conditional_t<kWords == 2, uint2, uint32_t>>;
+  static_assert(sizeof(Unit) == 4 * kWords, "a unit's words");
+  Rows rows;
+  Unit values[kUnits];
+
+  __device__ __forceinline__ E4m3QueryRows(const SplitArgs& args, int batch_index, int first_row, int rows_here)
+      : rows(args, batch_index, first_row, rows_here, threadIdx.x % kThreads) {}
+  __device__ __forceinline__ void load(const SplitArgs& args) {
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
-      bytes[j] = rows.present ? *reinterpret_cast<const uint2*>(args.q + rows.row_offset + rows.dim_of(j))
-                              : make_uint2(0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kUnits; ++j) {
-      *reinterpret_cast<uint2*>(query + raw_fp8_offset<kLines>(rows.row, rows.dim_of(j))) = bytes[j];
-    }
-  } else {
-    constexpr int kWords = kUnitDims / 2;  // bf16x2 words a unit
-    using Unit = std::conditional_t<kUnitDims == 8, uint4, uint2>;
-    uint32_t values[kUnits][kWords];
-    uint32_t largest = 0;  // per 16-bit half (largest_magnitude_bits)
-#pragma unroll
-    for (int j = 0; j < kUnits; ++j) {
-      Unit unit{};
-      if (rows.present) unit = *reinterpret_cast<const Unit*>(args.q + 2 * (rows.row_offset + rows.dim_of(j)));
-      static_assert(sizeof(Unit) == sizeof(values[j]), "a unit's words");
-      memcpy(values[j], &unit, sizeof(Unit));
-#pragma unroll
-      for (int w = 0; w < kWords; w += 2) largest = largest_magnitude_bits(values[j][w], values[j][w + 1], largest);
-    }
-    largest = max(largest & 0xffffu, largest >> 16);
-#pragma unroll
-    for (int mask = 1; mask < kThreadsPerRow; mask *= 2) largest = max(largest, __shfl_xor_sync(0xffffffffu, largest, mask));
-    const bool finite = largest < 0x7f80u;
-    const int shift = finite && largest > 0 ? max(-126, ilogbf(__uint_as_float(largest << 16)) - 7) : 0;
-    const uint32_t down = ((127 - shift) << 7) * 0x10001u;  // 2^-shift in both bf16 halves, exact
-    if (rows.lead == 0) row_factors[rows.row] = finite ? __int_as_float((127 + shift) << 23) : NAN;
-#pragma unroll
-    for (int j = 0; j < kUnits; ++j) {
-      uint16_t high[kWords], low[kWords];
-#pragma unroll
-      for (int w = 0; w < kWords; ++w) split_into_e4m3x2(values[j][w], down, high[w], low[w]);
-      uint32_t high_bytes[kWords / 2], low_bytes[kWords / 2];  // 4 e4m3 values a word
-#pragma unroll
-      for (int w = 0; w < kWords / 2; ++w) {
-        high_bytes[w] = high[2 * w] | uint32_t(high[2 * w + 1]) << 16;
-        low_bytes[w] = low[2 * w] | uint32_t(low[2 * w + 1]) << 16;
-      }
-      uint8_t* high_line = query + raw_fp8_offset<kLines>(rows.row, rows.dim_of(j));
-      uint8_t* low_line = query + raw_fp8_offset<kLines>(kRows + rows.row, rows.dim_of(j));
-      if constexpr (kUnitDims == 8) {
-        *reinterpret_cast<uint2*>(high_line) = make_uint2(high_bytes[0], high_bytes[1]);
-        *reinterpret_cast<uint2*>(low_line) = make_uint2(low_bytes[0], low_bytes[1]);
-      } else {
-        *reinterpret_cast<uint32_t*>(high_line) = high_bytes[0];
-        *reinterpret_cast<uint32_t*>(low_line) = low_bytes[0];
+      values[j] = Unit{};
+      if (rows.present) {
+        values[j] = *reinterpret_cast<const Unit*>(args.q + (kSplit ? 2 : 1) * (rows.row_offset + rows.dim_of(j)));
       }
     }
   }
-  fence_shared_for_async_proxy();
-  sync_named(barrier, kThreads);
+  __device__ __forceinline__ void store(uint8_t* query, float* row_factors, int barrier) const {
+    if constexpr (!kSplit) {
+#pragma unroll
+      for (int j = 0; j < kUnits; ++j) {
+        *reinterpret_cast<Unit*>(query + raw_fp8_offset<kLines>(rows.row, rows.dim_of(j))) = values[j];
+      }
+    } else {
+      uint32_t words[kUnits][kWords];
+#pragma unroll
+      for (int j = 0; j < kUnits; ++j) memcpy(words[j], &values[j], sizeof(Unit));
+      uint32_t largest = 0;  // per 16-bit half (largest_magnitude_bits)
+#pragma unroll
+      for (int j = 0; j < kUnits; ++j) {
+#pragma unroll
+        for (int w = 0; w < kWords; w += 2) largest = largest_magnitude_bits(words[j][w], words[j][w + 1], largest);
+      }
+      largest = max(largest & 0xffffu, largest >> 16);
+#pragma unroll
+      for (int mask = 1; mask < Rows::kThreadsPerRow; mask *= 2) {
+        largest = max(largest, __shfl_xor_sync(0xffffffffu, largest, mask));
+      }
+      const bool finite = largest < 0x7f80u;
+      const int shift = finite && largest > 0 ? max(-126, ilogbf(__uint_as_float(largest << 16)) - 7) : 0;
+      const uint32_t down = ((127 - shift) << 7) * 0x10001u;  // 2^-shift in both bf16 halves, exact
+      if (rows.lead == 0) row_factors[rows.row] = finite ? __int_as_float((127 + shift) << 23) : NAN;
+#pragma unroll
+      for (int j = 0; j < kUnits; ++j) {
+        uint16_t high[kWords], low[kWords];
+#pragma unroll
+        for (int w = 0; w < kWords; ++w) split_into_e4m3x2(words[j][w], down, high[w], low[w]);
+        uint32_t high_bytes[kWords / 2], low_bytes[kWords / 2];  // 4 e4m3 values a word
+#pragma unroll
+        for (int w = 0; w < kWords / 2; ++w) {
+          high_bytes[w] = high[2 * w] | uint32_t(high[2 * w + 1]) << 16;
+          low_bytes[w] = low[2 * w] | uint32_t(low[2 * w + 1]) << 16;
+        }
+        uint8_t* high_line = query + raw_fp8_offset<kLines>(rows.row, rows.dim_of(j));
+        uint8_t* low_line = query + raw_fp8_offset<kLines>(kRows + rows.row, rows.dim_of(j));
+        if constexpr (kWords == 4) {
+          *reinterpret_cast<uint2*>(high_line) = make_uint2(high_bytes[0], high_bytes[1]);
+          *reinterpret_cast<uint2*>(low_line) = make_uint2(low_bytes[0], low_bytes[1]);
+        } else {
+          *reinterpret_cast<uint32_t*>(high_line) = high_bytes[0];
+          *reinterpret_cast<uint32_t*>(low_line) = low_bytes[0];
+        }
+      }
+    }
+    fence_shared_for_async_proxy();
+    sync_named(barrier, kThreads);
+  }
+};
+template <int kRows, int kThreads, bool kSplit>
+__device__ __forceinline__ void load_e4m3_query_rows(const SplitArgs& args, int batch_index, int first_row,
+                                                     int rows_here, uint8_t* query, float* row_factors, int barrier) {
+  E4m3QueryRows<kRows, kThreads, kSplit> rows(args, batch_index, first_row, rows_here);
+  rows.load(args);
+  rows.store(query, row_factors, barrier);
 }
 
 }  // namespace openmla::kernels::sm90

@@ -175,6 +175,18 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
     if (speculative_landed != nullptr && threadIdx.x == blockDim.x - 1) mbarrier_wait(speculative_landed, 0);
     return;
   }
+  // Q by both score warpgroups with 32 rows (by one, a bf16 q's loads in flight took 72
+  // registers and spilled) and a bf16 q's 16 (in 4-dim units: half the split code a thread,
+  // which each CTA runs once and cold); an fp8 q's 16 by the first (8-dim units per row: 72).
+  // Loaded after the CTA barrier and split there; with the speculative tile 0 the loads are
+  // issued here instead, once the split is known to hold keys (so after the seq_lens read, which
+  // loads before it delayed: perf log, session 51), so that their round trip runs beside the
+  // barriers' set-up. (Everywhere, that made FP8 D4 B4 / D5 PDL 1.6-2.2% slower: session 52.)
+  constexpr int kQueryThreads = kRows == 32 || !kFp8Q ? 256 : 128;
+  const bool loads_query = threadIdx.x >= 128 && threadIdx.x < 128 + kQueryThreads;
+  const bool loads_early = kSpeculative && loads_query;
+  E4m3QueryRows<kRows, kQueryThreads, !kFp8Q> early_query(args, batch_index, 0, loads_early ? rows_here : 0);
+  if (loads_early) early_query.load(args);
 
   init_stage_barriers(full, empty, 128, kStages);
   if (threadIdx.x == 0) {
@@ -218,13 +230,13 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       mbarrier_arrive(scores_met);
       mbarrier_wait(scores_met, phase);
     };
-    // Q by both score warpgroups with 32 rows (by one, a bf16 q's loads in flight took 72
-    // registers and spilled) and a bf16 q's 16 (in 4-dim units: half the split code a thread,
-    // which each CTA runs once and cold); an fp8 q's 16 by the first (8-dim units per row: 72).
-    if constexpr (kRows == 32 || !kFp8Q) {
-      load_e4m3_query_rows<kRows, 256, !kFp8Q>(args, batch_index, 0, rows_here, query, row_factors, kScoresBarrier);
-    } else if (first == 0) {
-      load_e4m3_query_rows<kRows, 128, !kFp8Q>(args, batch_index, 0, rows_here, query, row_factors, own_barrier);
+    if (loads_query) {
+      const int barrier = kQueryThreads == 256 ? kScoresBarrier : own_barrier;
+      if constexpr (kSpeculative) {
+        early_query.store(query, row_factors, barrier);
+      } else {
+        load_e4m3_query_rows<kRows, kQueryThreads, !kFp8Q>(args, batch_index, 0, rows_here, query, row_factors, barrier);
+      }
     }
     meet(0);
     const int lane_row_visible = row_visible_end(args, range, 0, lane, rows_here);
