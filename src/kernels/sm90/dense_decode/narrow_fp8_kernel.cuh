@@ -17,9 +17,9 @@
 // - S^T (64 keys x kRows): e4m3 wgmma m64nNk32, 18 steps, A = the raw tile as the TMA landed it
 //   (128-dim boxes, 128-byte swizzle: key_tiles.cuh wide_raw_offset), B = Q's e4m3 lines (an fp8
 //   q as it is, N = kRows; a bf16 q as high and low parts, N = 2 kRows, summed after,
-//   fp8_tiles.cuh load_e4m3_query_rows), in 3 (16 rows) or
-//   2 (32 rows) segments of steps accumulated afresh and added in fp32 (e4m3 wgmma keeps ~13
-//   bits of each step).
+//   fp8_tiles.cuh E4m3QueryRows, loaded and split by the score warpgroups: see the kernel), in
+//   3 (16 rows) or 2 (32 rows) segments of steps accumulated afresh and added in fp32 (e4m3
+//   wgmma keeps ~13 bits of each step).
 // - softmax over keys (M): the reference is lazy (it moves only when a row maximum passes it by
 //   2^8), so a vote of the score warpgroup comes first (bar.red): only if some score passes the
 //   group's last reference by that, row maxima over the 8 lanes that share a row, then over the
