@@ -185,6 +185,8 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   constexpr int kQueryThreads = kRows == 32 || !kFp8Q ? 256 : 128;
   const bool loads_query = threadIdx.x >= 128 && threadIdx.x < 128 + kQueryThreads;
   const bool loads_early = kSpeculative && loads_query;
+  // (rows_here 0 elsewhere: no row is present, so no thread works out a row offset it never uses,
+  // and without kSpeculative the object is dead code.)
   E4m3QueryRows<kRows, kQueryThreads, !kFp8Q> early_query(args, batch_index, 0, loads_early ? rows_here : 0);
   if (loads_early) early_query.load(args);
 
