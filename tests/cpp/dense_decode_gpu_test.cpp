@@ -627,6 +627,11 @@ const DecodeCase kCoveringCases[] = {
     // The same FP8 plan (64 splits, the speculative tile 0) over 6 tiles a split, with 13 heads
     // (a bf16 q's rows split by 256 threads, rows past rows_here zeros).
     with({1, 1, 13, 24576, 64, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
+    // The 16-bit kernel's speculative form, where the bound says every request is halved (D4 B1's
+    // plan: 128 splits): 3 tiles a split, not halved (the bound is a hint), so not speculative;
+    // Sq 2 x 8 heads, causal, fp16, pages of 32 (two boxes a part), a partial last tile, halved.
+    with({1, 1, 13, 24576, 64, false, false}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
+    with({1, 2, 8, 3000, 32, false, true, kFp16, kFp16}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
     with({2, 1, 16, 4096, 64, true, false, kFp8, kFp8}, [](DecodeCase& c) { c.max_seq_len = 64; }),
     with({6, 2, 8, 4096, 32, true, true}, [](DecodeCase& c) { c.max_seq_len = 100; }),
     // The table's capacity as the bound: D4 B1's FP8 plan of 64 splits; one tile's keys (bf16:
@@ -836,12 +841,18 @@ TEST(DenseDecodeGpuGraph, ReplayFollowsValueHalves) {
 
 // One request of 16 rows (D4 B1's plan: 128 splits on 132 SMs) in value halves: replays switch
 // between halves (at most 64 tiles; a single key; a partial last tile), a request too long to
-// halve (128 tiles: one a split, every split whole) and no keys at all.
+// halve (128 tiles: one a split, every split whole) and no keys at all. With PDL and the bound
+// that the table's capacity sets (130 pages) the kernel runs its plain form (ReplayWithABound...:
+// the speculative one).
 TEST(DenseDecodeGpuGraph, ReplayFollowsOneRequestsValueHalves) {
   OPENMLA_REQUIRE_GPU();
-  const DecodeCase c{1, 1, 16, 8192, 64, false, false};
-  expect_replays_follow(c, {{4096}, {8192}, {1}, {0}, {4033}, {4096}}, /*table_width=*/130,
-                        /*page_count=*/130 + 2);
+  for (const bool pdl : {false, true}) {
+    SCOPED_TRACE(pdl ? "pdl" : "no pdl");
+    DecodeCase c{1, 1, 16, 8192, 64, false, false};
+    c.pdl = pdl;
+    expect_replays_follow(c, {{4096}, {8192}, {1}, {0}, {4033}, {4096}}, /*table_width=*/130,
+                          /*page_count=*/130 + 2);
+  }
 }
 
 // Captured with a bound on the lengths (max_seq_len 4096: an FP8 cache gets 64 splits, a bf16
@@ -913,6 +924,8 @@ TEST(DenseDecodeGpuPdl, InputsWrittenByThePreviousKernel) {
       {1, 1, 16, 4096, 64, true, false, kBf16, kFp8},  // D4 B1's plan (66 splits): early entries, speculative tile 0
       {1, 1, 16, 4096, 64, true, false, kFp8, kFp8},   // the same with an fp8 q
       {1, 1, 16, 4096, 64, true, false},  // the same in the 16-bit kernel: value halves
+      // ... with a bound that says every request is halved: the speculative first part, in both halves
+      with({1, 1, 16, 4096, 64, true, false}, [](DecodeCase& c) { c.max_seq_len = 4096; }),
   };
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);  // blocking: ordered after cudaMemcpy

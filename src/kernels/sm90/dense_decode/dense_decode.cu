@@ -104,8 +104,8 @@ KeyMaps make_key_maps(const TensorView& cache, int latent_part_blocks) {
 }
 
 // small_page_tiles: the 64-row kernel's 16-bit tiles in SmallPageKeyTileParts (pages of 16 tokens).
-// speculative_first_tile: the narrow FP8 kernel at 16 rows issues a split's first tile right after
-// the PDL wait (its kSpeculative form).
+// speculative_first_tile: the narrow kernels at 16 rows issue a split's first tile (16-bit: its
+// first part) right after the PDL wait (their kSpeculative forms).
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
 void launch_split(const KeyMaps& maps, const SplitArgs& args, dim3 grid, cudaStream_t stream,
                   bool programmatic, bool small_page_tiles, bool speculative_first_tile) {
@@ -126,7 +126,11 @@ void launch_split(const KeyMaps& maps, const SplitArgs& args, dim3 grid, cudaStr
       }
     } else {
       using Layout = NarrowLayout<kRows>;
-      launch(dense_decode_narrow_kernel<kHalf, kRows>, Layout::kThreads, Layout::kLaunchBytes);
+      if (kRows == 16 && speculative_first_tile) {
+        launch(dense_decode_narrow_kernel<kHalf, kRows, kRows == 16>, Layout::kThreads, Layout::kLaunchBytes);
+      } else {
+        launch(dense_decode_narrow_kernel<kHalf, kRows>, Layout::kThreads, Layout::kLaunchBytes);
+      }
     }
   };
   if (uses_narrow_kernel(args.rows)) {
@@ -229,13 +233,22 @@ void dense_decode(const DenseDecodeParams& params) {
   // A balanced plan with ragged lengths walks this plane longest request first instead
   // (split_common.cuh cta_work).
   const dim3 grid(unsigned(plan.row_tiles), unsigned(batch), unsigned(plan.splits));
-  // With PDL the narrow FP8 kernel issues a split's first tile right after the wait, from the
-  // entries read before it (key_tiles.cuh start_split_cta), where the grid takes at most half
-  // the SMs: there (FP8 D4 B1's 64 CTAs) an fp8 q's one-tile splits gained 2.5-3%; with every
-  // SM's first tile in one burst right after the wait (D4 B2's 128 CTAs) the call was 4-6% slower
-  // (H100 and H200, perf log session 51). At 16 rows only (D4's; 32 rows were not measured).
-  const bool speculative_first_tile = params.enable_pdl && !plan.balanced && args.rows <= 16 &&
-                                      2 * int64_t(grid.x) * grid.y * grid.z <= sm_count;
+  // With PDL the narrow kernels issue a split's first tile right after the wait, from the
+  // entries read before it (key_tiles.cuh start_split_cta), where the grid's distinct first
+  // tiles are at most half the SMs: there (FP8 D4 B1's 64 CTAs) an fp8 q's one-tile splits
+  // gained 2.5-3%; with every SM's first tile in one burst right after the wait (D4 B2's 128
+  // CTAs) the call was 4-6% slower (H100 and H200, perf log session 51). The 16-bit kernel
+  // speculates (on its tile's first part) only in splits in value halves, which share their
+  // tiles in pairs (D4 B1: 128 CTAs, 64 tiles; key_tiles.cuh start_split_cta), and runs that form
+  // only where the plan's length bound says that every request is halved: bf16 D4 B1 PDL
+  // -2.4..2.8% (H200); run where the splits turned out whole (D4 B2 / B4, D5), the form itself
+  // cost 1.3-3.3% (perf log, session 53). At 16 rows only (D4's; 32 rows were not measured).
+  const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
+  const bool every_request_halved = args.halve_values && length_bound > 0 &&
+                                    (length_bound + kTileKeys - 1) / kTileKeys <= plan.splits / 2;
+  const bool speculative_first_tile =
+      params.enable_pdl && !plan.balanced && args.rows <= 16 &&
+      (fp8_cache ? 2 * ctas <= sm_count : every_request_halved && ctas <= sm_count);
   const cudaStream_t stream = as_cuda_stream(params.stream);
   // Pages of 16 tokens: the 64-row kernel's 16-bit tiles in two parts (fewer TMA boxes;
   // key_tiles.cuh SmallPageKeyTileParts).

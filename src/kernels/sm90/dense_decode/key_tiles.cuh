@@ -251,7 +251,11 @@ struct EarlyPages {
 // both on one).
 template <bool kFp8Cache, class KeyParts = KeyTileParts>
 struct KeyTileLoader {
+  using Parts = std::conditional_t<kFp8Cache, RawTileParts, KeyParts>;
   static constexpr int kStageStride = kFp8Cache ? kWideRawStageBytes : kTileBlockBytes;
+  // The parts of tile 0 that a speculative copy takes (start_split_cta): those that its first
+  // full barrier counts, an FP8 tile whole, a 16-bit tile's first part.
+  static constexpr int kSpeculativeParts = kFp8Cache ? Parts::kParts : 1;
   const KeyMaps* maps;
   const SplitArgs& args;
   const int32_t* table_row;
@@ -281,24 +285,29 @@ struct KeyTileLoader {
   __device__ __forceinline__ void read_pages(int tile) {
     read_table_entries(args, table_row, range.begin + tile * kTileKeys, boxes_of(tile), box_tokens, pages);
   }
-  // Tile `tile` (its pages read last) into stage `stage`; landed[part] counts the bytes of its
-  // part (16-bit: KeyParts, issued part by part so that a consumer may start on the first;
-  // FP8: one part).
-  template <int kParts = 1>
-  __device__ __forceinline__ void issue(int tile, int stage, uint64_t* landed) const {
-    using Parts = std::conditional_t<kFp8Cache, RawTileParts, KeyParts>;
-    static_assert(kParts == (kFp8Cache ? 1 : Parts::kParts), "16-bit: a barrier per part; FP8: one for the tile");
-    constexpr int kRope = Parts::kParts - 1, kBlocks = Parts::first_block(kRope) + 1;
+  // Parts [first_part, end_part) of tile `tile` (its pages read last) into stage `stage`, part by
+  // part so that a consumer may start on the first: with kBarriers = Parts::kParts (16-bit
+  // tiles) part p counted on landed[p], with one barrier (FP8 tiles; a speculative copy) all on
+  // landed[0].
+  template <int kBarriers = 1>
+  __device__ __forceinline__ void issue(int tile, int stage, uint64_t* landed, int first_part = 0,
+                                        int end_part = Parts::kParts) const {
+    static_assert(kBarriers == 1 || kBarriers == Parts::kParts, "a barrier per part, or one for them all");
+    constexpr int kRope = Parts::kParts - 1;
     const int first_key = range.begin + tile * kTileKeys;
     const int boxes = boxes_of(tile), groups = box_tokens / 8;  // 8-key groups a box
+    int blocks = 0;  // counted on landed[0] (one barrier)
 #pragma unroll
-    for (int barrier = 0; barrier < kParts; ++barrier) {
-      const int blocks = kParts == 1 ? kBlocks : Parts::blocks_in(barrier);
-      mbarrier_arrive_expect_bytes(&landed[barrier], uint32_t(boxes * blocks * box_tokens * 128));
+    for (int part = 0; part < Parts::kParts; ++part) {
+      if (part < first_part || part >= end_part) continue;
+      blocks += Parts::blocks_in(part);
+      if (kBarriers > 1) mbarrier_arrive_expect_bytes(&landed[part], uint32_t(boxes * Parts::blocks_in(part) * box_tokens * 128));
     }
+    if (kBarriers == 1) mbarrier_arrive_expect_bytes(&landed[0], uint32_t(boxes * blocks * box_tokens * 128));
     uint8_t* destination = stages + stage * kStageStride;
 #pragma unroll
-    for (int part = 0; part < Parts::kParts; ++part) {  // part by part: a consumer may start on the first
+    for (int part = 0; part < Parts::kParts; ++part) {
+      if (part < first_part || part >= end_part) continue;
       // The rope part: an FP8 box reads 128 dims of a view of whole rows (raw_rope_first_dim).
       const bool fp8_rope = kFp8Cache && part == kRope;
 #pragma unroll
@@ -309,7 +318,7 @@ struct KeyTileLoader {
                            part == kRope ? &maps->rope : &maps->latent,
                            fp8_rope ? raw_rope_first_dim(args.page_shift) : 0,
                            fp8_rope ? 0 : Parts::first_block(part), group, pages[box],
-                           &landed[kParts == 1 ? 0 : part]);
+                           &landed[kBarriers == 1 ? 0 : part]);
       }
     }
   }
@@ -328,10 +337,11 @@ struct KeyTileLoader {
 // kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile
 // (KeyParts: the 16-bit tile's layout).
 // early (optional): tile 0's entries as published before the CTA barrier (EarlyPages).
-// speculative_landed (optional, with early; one part a tile): the barrier of a speculative tile 0
-// (start_split_cta). Where it is confirmed, the producer only completes full[0]'s first phase
-// (its consumers wait for both barriers); else it lets the speculative copy land before it issues
-// tile 0 into the same stage.
+// speculative_landed (optional, with early): the barrier of a speculative copy of tile 0's first
+// barrier's parts (start_split_cta; KeyTileLoader::kSpeculativeParts). Where it is confirmed, the
+// producer only completes full[0]'s first phase (its consumers wait for both barriers) and issues
+// the tile's other parts; else it lets the speculative copy land before it issues tile 0 into the
+// same stage.
 template <bool kFp8Cache, int kStages = 2, int kGroups = 1, int kParts = 1, class KeyParts = KeyTileParts>
 __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const SplitArgs& args,
                                                   const int32_t* table_row, const KeyRange& range,
@@ -341,14 +351,16 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
   KeyTileLoader<kFp8Cache, KeyParts> loader(maps, args, table_row, range, stages);
   const bool took_early = early != nullptr && loader.take_early_pages(*early);
   if (!took_early) loader.read_pages(0);
-  // (A speculative tile lands on one barrier: FP8 tiles.)
   const bool speculated =
-      kParts == 1 && took_early && speculative_landed != nullptr && early->speculative_boxes == loader.boxes_of(0);
+      took_early && speculative_landed != nullptr && early->speculative_boxes == loader.boxes_of(0);
+  using Loader = decltype(loader);
+  static_assert(Loader::kSpeculativeParts == (kParts == 1 ? Loader::Parts::kParts : 1), "a speculative copy: full[0]'s parts");
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % kStages;
     if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) % 2);
     if (tile == 0 && speculated) {
       mbarrier_arrive(&full[0]);
+      if constexpr (kParts > 1) loader.template issue<kParts>(0, 0, full, 1);
     } else {
       if (tile == 0 && speculative_landed != nullptr) mbarrier_wait(speculative_landed, 0);
       loader.template issue<kParts>(tile, stage, &full[(stage * kGroups + tile % kGroups) * kParts]);
@@ -389,14 +401,16 @@ __device__ __forceinline__ bool prefetch_threads() {
 }
 // Returns the length it read.
 // pages: the entries it read (-1 where none or out of the cache).
-template <bool kFp8Cache>
+// kMayHalve: the range in value halves (key_range_of), where the kernel speculates in both halves;
+// a halved request's tiles are prefetched once, by the half-0 splits, but read by both.
+template <bool kFp8Cache, bool kMayHalve = false>
 __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, const SplitArgs& args, int first_row,
                                                         int rows_here, int (&pages)[kMaxTileBoxes]) {
 #pragma unroll
   for (int box = 0; box < kMaxTileBoxes; ++box) pages[box] = -1;
   const int batch_index = int(blockIdx.y);
   const int length = __ldcg(args.seq_lens + batch_index * args.seq_lens_stride);
-  const KeyRange range = key_range_of(args, int(blockIdx.z), length, args.splits, first_row, rows_here);
+  const KeyRange range = key_range_of<kMayHalve>(args, int(blockIdx.z), length, args.splits, first_row, rows_here);
   const int32_t* table_row = args.block_table + batch_index * args.block_table_row;
   const int page_tokens = 1 << args.page_shift, box_tokens = box_tokens_of(args);
   const int boxes = min((range.tiles > 2 ? 2 : min(range.tiles, 1)) * (kTileKeys / box_tokens), kMaxPrefetchBoxes);
@@ -409,6 +423,7 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
     if (unsigned(page) >= unsigned(args.cache_pages)) continue;
     pages[box] = page;
     const int token = key & (page_tokens - 1);
+    if (range.value_half != 0) continue;
     if constexpr (kFp8Cache) {  // each row's 576 bytes as 5 lines (a row may straddle lines)
       constexpr int kLines = (kHeadDim + 127) / 128;
       const uint8_t* rows = args.cache + page * args.cache_page_bytes + token * args.cache_token_bytes;
@@ -428,13 +443,19 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
 // tiles; a balanced plan's (cta_work ranks the requests by length) only after the wait.
 // early (optional): with PDL the prefetching thread also reads its first tile's entries right
 // after the wait (EarlyPages; first_key -1 in every other thread and without PDL).
-// speculative_landed (optional, with early; FP8 tiles): a barrier in shared memory that the last
-// thread sets up before the wait and completes once after it: where the prefetch read tile 0's
-// entries (at most kMaxPrefetchBoxes boxes), by issuing tile 0 from them into `first_stage` right
-// after the wait (the tile's bytes are read after the wait, so they are the previous kernel's
-// final ones; only its pages may be stale, which publish_early_pages checks), else by a plain
-// arrival. Every thread that uses stage 0 waits for it (tile 0's consumers, an empty split's exit).
-template <int kQueryElementBytes, bool kFp8Cache>
+// speculative_landed (optional, with early): a barrier in shared memory that the last thread sets
+// up before the wait and completes once after it: where the prefetch read tile 0's entries (at
+// most kMaxPrefetchBoxes boxes), by issuing tile 0 (an FP8 tile whole, a 16-bit tile's first part:
+// KeyTileLoader::kSpeculativeParts) from them into `first_stage` right after the wait (the tile's
+// bytes are read after the wait, so they are the previous kernel's final ones; only its pages may
+// be stale, which publish_early_pages checks), else by a plain arrival. Every thread that uses
+// stage 0 waits for it (tile 0's consumers, an empty split's exit).
+// kMayHalve: the kernel works in value halves (key_range_of); then the range read before the
+// wait is in halves too, so that a half-1 split speculates on its own tile (the prefetch takes a
+// halved tile once, in half 0), and only a halved range reads its entries early and speculates:
+// its tile is shared by two CTAs, so the grid's distinct first tiles are at most half the SMs
+// (dense_decode.cu: more in one burst right after the wait was slower).
+template <int kQueryElementBytes, bool kFp8Cache, bool kMayHalve = false>
 __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const SplitArgs& args, int first_row,
                                                    int rows_here, int* scratch, EarlyPages* early = nullptr,
                                                    uint64_t* speculative_landed = nullptr,
@@ -454,13 +475,13 @@ __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const Sp
     start_early_loads<kQueryElementBytes>(maps, args, int(blockIdx.y), first_row, rows_here);
     if (args.prefetch_before_wait && prefetch_threads<kFp8Cache>()) {
       int pages[kMaxTileBoxes];
-      const int length = prefetch_first_key_tiles<kFp8Cache>(maps, args, first_row, rows_here, pages);
+      const int length = prefetch_first_key_tiles<kFp8Cache, kMayHalve>(maps, args, first_row, rows_here, pages);
       // Where the first tile's entries are (after the wait, only the loads). (The range is worked
       // out again: ptxas does not merge it with the prefetch's, ~45 instructions, but returning it
       // from there measured FP8 D4 B2 PDL 1.7% and 2.4% slower in two A/B calls, B4 1.1-1.4%
       // faster: perf log, session 46.)
-      const KeyRange range = key_range_of(args, int(blockIdx.z), length, args.splits, first_row, rows_here);
-      if (early != nullptr && range.tiles > 0 && threadIdx.x == blockDim.x - 1) {
+      const KeyRange range = key_range_of<kMayHalve>(args, int(blockIdx.z), length, args.splits, first_row, rows_here);
+      if (early != nullptr && range.tiles > 0 && (range.halved || !kMayHalve) && threadIdx.x == blockDim.x - 1) {
         // (Only boxes whose entries lie in the table's row: the length may be stale.)
         const int table_keys = args.block_table_columns << args.page_shift;
         early->first_key = range.begin;
@@ -487,17 +508,16 @@ __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const Sp
     const int32_t* table_row = args.block_table + int(blockIdx.y) * args.block_table_row;
     read_table_entries(args, table_row, early->first_key, early->boxes, box_tokens_of(args), early->pages);
   }
-  if constexpr (kFp8Cache) {  // (a speculative tile lands on one barrier)
-    if (speculative_landed != nullptr && threadIdx.x == blockDim.x - 1) {
-      if (early->speculative_boxes > 0) {
-        const int32_t* table_row = args.block_table + int(blockIdx.y) * args.block_table_row;
-        KeyTileLoader<kFp8Cache> loader(maps, args, table_row, speculative_range, first_stage);
+  if (speculative_landed != nullptr && threadIdx.x == blockDim.x - 1) {
+    if (early->speculative_boxes > 0) {
+      const int32_t* table_row = args.block_table + int(blockIdx.y) * args.block_table_row;
+      using Loader = KeyTileLoader<kFp8Cache>;
+      Loader loader(maps, args, table_row, speculative_range, first_stage);
 #pragma unroll
-        for (int box = 0; box < kMaxTileBoxes; ++box) loader.pages[box] = early->speculative_pages[box];
-        loader.issue(0, 0, speculative_landed);
-      } else {
-        mbarrier_arrive(speculative_landed);
-      }
+      for (int box = 0; box < kMaxTileBoxes; ++box) loader.pages[box] = early->speculative_pages[box];
+      loader.issue(0, 0, speculative_landed, 0, Loader::kSpeculativeParts);
+    } else {
+      mbarrier_arrive(speculative_landed);
     }
   }
   const CtaWork work = cta_work(args, scratch);

@@ -25,7 +25,9 @@
 // kernel (431 -> 419 us on an H100, as fast as Hq 16).
 // Pipeline: the next tile streams in while tile t is computed; two warpgroup barriers per tile
 // (one more when the reference moves, one more when the tile is partial). A tile lands in three
-// parts (kParts), S^T starting on the first.
+// parts (kParts), S^T starting on the first. With PDL, where the plan halves every request (D4
+// B1), a split's first part is issued right after the wait from the entries read before it
+// (kSpeculative; key_tiles.cuh start_split_cta).
 // Softmax, epilogue: as the alternating kernel (base-2 online softmax with -inf guards; one split
 // writes bf16 output and LSE, several write fp32 partials for the combine step). The bf16 output
 // is staged through shared memory so that the stores are row-contiguous; fp32 partials go
@@ -67,9 +69,9 @@ struct NarrowLayout {
   static constexpr int kOnes = kResiduals + kRows * 128;
   static constexpr int kOnesBytes = 4096;
   static constexpr int kExchange = kOnes + kOnesBytes;  // [4 warps][kRows]; the final rows' LSEs
-  // full[kStages x kParts], empty[kStages]
+  // full[kStages x kParts], empty[kStages], speculative_landed
   static constexpr int kBarriers = kExchange + 4 * kRows * 4;
-  static constexpr int kBytes = kBarriers + (kStages * kParts + kStages) * 8;
+  static constexpr int kBytes = kBarriers + (kStages * kParts + kStages + 1) * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;
   // After the last tile the key stages hold each row's destination offset (int64) and, for the
   // bf16 output, the staged rows: [kRows][512 + 4] floats (the padding puts the 4 rows that one
@@ -234,7 +236,10 @@ __device__ __forceinline__ void narrow_values(float (&output)[kLatentDim / 64 + 
   for (int block = 0; block <= kSumBlock; ++block) fence_accumulators(output[block]);
 }
 
-template <bool kHalf, int kRows>
+// kSpeculative: with PDL a split's first tile part is issued right after the wait
+// (start_split_cta, in value halves where the plan halves); an instantiation of its own, so that
+// the other launches run the code they ran without it.
+template <bool kHalf, int kRows, bool kSpeculative = false>
 __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     dense_decode_narrow_kernel(const __grid_constant__ KeyMaps maps, SplitArgs args) {
   using Layout = NarrowLayout<kRows>;
@@ -244,22 +249,34 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   uint8_t* query = shared + Layout::kQuery;
   uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
   uint64_t* empty = full + Layout::kStages * Layout::kParts;
+  // Tile 0's first part, issued before the CTA barrier (start_split_cta); null where the kernel
+  // does not.
+  uint64_t* speculative_landed = kSpeculative ? empty + Layout::kStages : nullptr;
   uint8_t* stages = shared + Layout::kKeys;
 
   const int rows_here = args.rows;  // <= kRows: one row tile
   constexpr bool kMayHalve = kRows == 16;  // value halves (split_common.cuh key_range_of): D4, D5
-  const CtaWork work = start_split_cta<2, false>(&maps, args, 0, rows_here, reinterpret_cast<int*>(stages));
+  EarlyPages early;
+  const CtaWork work = start_split_cta<2, false, kMayHalve && kSpeculative>(
+      &maps, args, 0, rows_here, reinterpret_cast<int*>(stages), kSpeculative ? &early : nullptr, speculative_landed,
+      stages);
   const int batch_index = work.batch_index, split = work.split;
   const KeyRange range = split_key_range<kMayHalve>(args, work, 0, rows_here);
+  if constexpr (kSpeculative) publish_early_pages(early, early_pages_slot<false>(stages));
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
-  if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) return;
+  if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) {
+    // (A speculative part lands in this CTA's shared memory: it may not end before that.)
+    if (speculative_landed != nullptr && threadIdx.x == blockDim.x - 1) mbarrier_wait(speculative_landed, 0);
+    return;
+  }
 
   init_stage_barriers(full, empty, kNarrowGroupThreads, Layout::kStages, 1, Layout::kParts);
   __syncthreads();  // the last barrier of all threads: the producer leaves after its loop
   if (threadIdx.x >= kNarrowGroupThreads) {
     if (threadIdx.x == kNarrowGroupThreads) {
-      produce_key_tiles<false, Layout::kStages, 1, Layout::kParts>(&maps, args, table_row, range, stages, full,
-                                                                   empty);
+      produce_key_tiles<false, Layout::kStages, 1, Layout::kParts>(
+          &maps, args, table_row, range, stages, full, empty, kSpeculative ? early_pages_slot<false>(stages) : nullptr,
+          speculative_landed);
     }
     return;
   }
@@ -315,6 +332,9 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   const uint64_t residual_descriptor = make_descriptor(residuals, 16, 1024);
   const uint64_t ones_descriptor = make_descriptor(ones, 1024, 1024);  // (every k step the same ones)
 
+  // Tile 0's first part lands on full[0] or, issued speculatively, on speculative_landed
+  // (start_split_cta); either way both complete.
+  if (speculative_landed != nullptr) mbarrier_wait(speculative_landed, 0);
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = warp_uniform(tile % Layout::kStages);
     const int first_key = range.begin + tile * kTileKeys;
