@@ -627,11 +627,15 @@ const DecodeCase kCoveringCases[] = {
     // The same FP8 plan (64 splits, the speculative tile 0) over 6 tiles a split, with 13 heads
     // (a bf16 q's rows split by 256 threads, rows past rows_here zeros).
     with({1, 1, 13, 24576, 64, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
-    // The 16-bit kernel's speculative form, where the bound says every request is halved (D4 B1's
-    // plan: 128 splits): 3 tiles a split, not halved (the bound is a hint), so not speculative;
-    // Sq 2 x 8 heads, causal, fp16, pages of 32 (two boxes a part), a partial last tile, halved.
+    // The 16-bit kernel's speculative first part (PDL, a uniform plan of one wave; D4 B1's 128
+    // splits) with a bound: 3 tiles a split, not halved (the bound is a hint); Sq 2 x 8 heads,
+    // causal, fp16, pages of 32 (two boxes a part), a partial last tile, halved.
     with({1, 1, 13, 24576, 64, false, false}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
     with({1, 2, 8, 3000, 32, false, true, kFp16, kFp16}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
+    // ... at pages of 256 (a tile is an 8-key-group offset inside its page) and of 16 (four boxes
+    // a part: more than a speculative copy takes, so only the entries are read early).
+    with({1, 1, 16, 4096, 256, false, false}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
+    with({1, 1, 16, 4000, 16, false, false}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
     with({2, 1, 16, 4096, 64, true, false, kFp8, kFp8}, [](DecodeCase& c) { c.max_seq_len = 64; }),
     with({6, 2, 8, 4096, 32, true, true}, [](DecodeCase& c) { c.max_seq_len = 100; }),
     // The table's capacity as the bound: D4 B1's FP8 plan of 64 splits; one tile's keys (bf16:
@@ -841,9 +845,9 @@ TEST(DenseDecodeGpuGraph, ReplayFollowsValueHalves) {
 
 // One request of 16 rows (D4 B1's plan: 128 splits on 132 SMs) in value halves: replays switch
 // between halves (at most 64 tiles; a single key; a partial last tile), a request too long to
-// halve (128 tiles: one a split, every split whole) and no keys at all. With PDL and the bound
-// that the table's capacity sets (130 pages) the kernel runs its plain form (ReplayWithABound...:
-// the speculative one).
+// halve (128 tiles: one a split, every split whole) and no keys at all. With PDL each split
+// issues its first tile part speculatively (key_tiles.cuh start_split_cta), in both halves where
+// the request is halved.
 TEST(DenseDecodeGpuGraph, ReplayFollowsOneRequestsValueHalves) {
   OPENMLA_REQUIRE_GPU();
   for (const bool pdl : {false, true}) {
@@ -912,19 +916,20 @@ TEST(DenseDecodeGpuGraph, BalancedReplayFollowsSplitCounts) {
 // negative pages), so that what the CTAs prefetch before their wait (key_tiles.cuh
 // start_split_cta) follows stale values. The results must follow the new ones; and a
 // speculative read outside the table would fault (compute-sanitizer: out of bounds). A second
-// form keeps the true lengths and moves every page to the next one of the cache: an FP8 CTA then
-// issues its first tile speculatively from valid but wrong pages, and must load it again.
+// form keeps the true lengths and moves every page to the next one of the cache: a narrow CTA at
+// 16 rows then issues its first tile (16-bit: its first part) speculatively from valid but wrong
+// pages, and must load it again.
 TEST(DenseDecodeGpuPdl, InputsWrittenByThePreviousKernel) {
   OPENMLA_REQUIRE_GPU();
   const DecodeCase cases[] = {
-      {2, 1, 16, 4096, 64, true, false},              // narrow 16-bit kernel, 16 rows
+      {2, 1, 16, 4096, 64, true, false},              // narrow 16-bit kernel, 16 rows (speculative first part)
       {2, 2, 16, 4096, 16, true, true, kBf16, kFp8},  // narrow FP8 kernel, 32 rows, pages of 16
       {2, 1, 128, 4096, 256, false, false},           // 64-row kernel
       {2, 1, 16, 4096, 128, true, false, kFp8, kFp8},
       {1, 1, 16, 4096, 64, true, false, kBf16, kFp8},  // D4 B1's plan (66 splits): early entries, speculative tile 0
       {1, 1, 16, 4096, 64, true, false, kFp8, kFp8},   // the same with an fp8 q
-      {1, 1, 16, 4096, 64, true, false},  // the same in the 16-bit kernel: value halves
-      // ... with a bound that says every request is halved: the speculative first part, in both halves
+      {1, 1, 16, 4096, 64, true, false},  // the same in the 16-bit kernel: value halves, speculative first part
+      // ... with a bound (128 splits still)
       with({1, 1, 16, 4096, 64, true, false}, [](DecodeCase& c) { c.max_seq_len = 4096; }),
   };
   cudaStream_t stream = nullptr;

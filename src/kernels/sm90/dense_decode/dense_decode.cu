@@ -233,22 +233,18 @@ void dense_decode(const DenseDecodeParams& params) {
   // A balanced plan with ragged lengths walks this plane longest request first instead
   // (split_common.cuh cta_work).
   const dim3 grid(unsigned(plan.row_tiles), unsigned(batch), unsigned(plan.splits));
-  // With PDL the narrow kernels issue a split's first tile right after the wait, from the
-  // entries read before it (key_tiles.cuh start_split_cta), where the grid's distinct first
-  // tiles are at most half the SMs: there (FP8 D4 B1's 64 CTAs) an fp8 q's one-tile splits
-  // gained 2.5-3%; with every SM's first tile in one burst right after the wait (D4 B2's 128
-  // CTAs) the call was 4-6% slower (H100 and H200, perf log session 51). The 16-bit kernel
-  // speculates (on its tile's first part) only in splits in value halves, which share their
-  // tiles in pairs (D4 B1: 128 CTAs, 64 tiles; key_tiles.cuh start_split_cta), and runs that form
-  // only where the plan's length bound says that every request is halved: bf16 D4 B1 PDL
-  // -2.4..2.8% (H200); run where the splits turned out whole (D4 B2 / B4, D5), the form itself
-  // cost 1.3-3.3% (perf log, session 53). At 16 rows only (D4's; 32 rows were not measured).
+  // With PDL the narrow kernels at 16 rows issue a split's first tile right after the wait, from
+  // the entries read before it (key_tiles.cuh start_split_cta), where the grid is one wave. The
+  // FP8 kernel only where the grid takes at most half the SMs: there (FP8 D4 B1's 64 CTAs) an
+  // fp8 q's one-tile splits gained 2.5-3%, and with every SM's first tile in one burst right
+  // after the wait (D4 B2's 128 CTAs) the call was 4-6% slower (H100 and H200, perf log session
+  // 51). The 16-bit kernel takes its tile's first part (32 KB, in L2 since the prefetch) only,
+  // and gains at every such plan: D4 B1 / B2 / B4 PDL -2.5 / -2.7 / -6%, D5 -2.4% (H200, perf
+  // log session 53). (32 rows were not measured.)
   const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
-  const bool every_request_halved = args.halve_values && length_bound > 0 &&
-                                    (length_bound + kTileKeys - 1) / kTileKeys <= plan.splits / 2;
   const bool speculative_first_tile =
       params.enable_pdl && !plan.balanced && args.rows <= 16 &&
-      (fp8_cache ? 2 * ctas <= sm_count : every_request_halved && ctas <= sm_count);
+      (fp8_cache ? 2 * ctas <= sm_count : plan.splits >= 2 && ctas <= sm_count);
   const cudaStream_t stream = as_cuda_stream(params.stream);
   // Pages of 16 tokens: the 64-row kernel's 16-bit tiles in two parts (fewer TMA boxes;
   // key_tiles.cuh SmallPageKeyTileParts).

@@ -452,9 +452,7 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
 // stage 0 waits for it (tile 0's consumers, an empty split's exit).
 // kMayHalve: the kernel works in value halves (key_range_of); then the range read before the
 // wait is in halves too, so that a half-1 split speculates on its own tile (the prefetch takes a
-// halved tile once, in half 0), and only a halved range reads its entries early and speculates:
-// its tile is shared by two CTAs, so the grid's distinct first tiles are at most half the SMs
-// (dense_decode.cu: more in one burst right after the wait was slower).
+// halved tile once, in half 0).
 template <int kQueryElementBytes, bool kFp8Cache, bool kMayHalve = false>
 __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const SplitArgs& args, int first_row,
                                                    int rows_here, int* scratch, EarlyPages* early = nullptr,
@@ -481,7 +479,7 @@ __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const Sp
       // from there measured FP8 D4 B2 PDL 1.7% and 2.4% slower in two A/B calls, B4 1.1-1.4%
       // faster: perf log, session 46.)
       const KeyRange range = key_range_of<kMayHalve>(args, int(blockIdx.z), length, args.splits, first_row, rows_here);
-      if (early != nullptr && range.tiles > 0 && (range.halved || !kMayHalve) && threadIdx.x == blockDim.x - 1) {
+      if (early != nullptr && range.tiles > 0 && threadIdx.x == blockDim.x - 1) {
         // (Only boxes whose entries lie in the table's row: the length may be stale.)
         const int table_keys = args.block_table_columns << args.page_shift;
         early->first_key = range.begin;

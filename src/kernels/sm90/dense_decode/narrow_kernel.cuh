@@ -25,8 +25,8 @@
 // kernel (431 -> 419 us on an H100, as fast as Hq 16).
 // Pipeline: the next tile streams in while tile t is computed; two warpgroup barriers per tile
 // (one more when the reference moves, one more when the tile is partial). A tile lands in three
-// parts (kParts), S^T starting on the first. With PDL, where the plan halves every request (D4
-// B1), a split's first part is issued right after the wait from the entries read before it
+// parts (kParts), S^T starting on the first. With PDL, for a uniform plan of one wave (D4, D5),
+// a split's first part is issued right after the wait from the entries read before it
 // (kSpeculative; key_tiles.cuh start_split_cta).
 // Softmax, epilogue: as the alternating kernel (base-2 online softmax with -inf guards; one split
 // writes bf16 output and LSE, several write fp32 partials for the combine step). The bf16 output
@@ -237,8 +237,8 @@ __device__ __forceinline__ void narrow_values(float (&output)[kLatentDim / 64 + 
 }
 
 // kSpeculative: with PDL a split's first tile part is issued right after the wait
-// (start_split_cta, in value halves where the plan halves); an instantiation of its own, so that
-// the other launches run the code they ran without it.
+// (start_split_cta, in both value halves where a request is halved); an instantiation of its own,
+// so that the other launches run the code they ran without it.
 template <bool kHalf, int kRows, bool kSpeculative = false>
 __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     dense_decode_narrow_kernel(const __grid_constant__ KeyMaps maps, SplitArgs args) {
