@@ -50,8 +50,7 @@ struct DenseDecodeParams {
   // Optional bound on every seq_lens[b] (0: none), as TokenSpeed's max_seq_len and
   // FlashAttention's max_seqlen_k. With it, a call whose requests are short for their batch
   // launches no split that would get no keys (D4 B1 with an FP8 cache: 64 splits of one tile
-  // instead of 128, half of them empty; with a 16-bit cache and enable_pdl, each split's first
-  // keys load right after the PDL wait). Only a launch hint: each split's keys still come from
+  // instead of 128, half of them empty). Only a launch hint: each split's keys still come from
   // seq_lens on the device, so a request longer than the bound is computed correctly, in fewer,
   // longer splits. The workspace query does not use it. The block table's capacity
   // (max_pages * page_size, which bounds seq_lens by contract) is always taken as a bound too,

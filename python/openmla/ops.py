@@ -63,8 +63,7 @@ def mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal=False, 
     kernel lets the next PDL-launched kernel start early. (The combine step, where there is
     one, always overlaps the attention kernel so.) No effect on CPU.
     max_seq_len: optional bound on seq_lens (0: none). Short requests at small batch then
-    launch no split that would get no keys (faster; with a 16-bit cache and enable_pdl, each
-    split's first keys load right after the wait); a longer request is still computed
+    launch no split that would get no keys (faster); a longer request is still computed
     correctly, only in fewer, longer splits. A CUDA graph captured with a bound replays
     correctly with any lengths. The block table's capacity (max_pages * page_size) bounds
     the lengths too, so a table sized to the longest request needs no max_seq_len.
