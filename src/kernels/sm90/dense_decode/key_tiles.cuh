@@ -301,7 +301,9 @@ struct KeyTileLoader {
     for (int part = 0; part < Parts::kParts; ++part) {
       if (part < first_part || part >= end_part) continue;
       blocks += Parts::blocks_in(part);
-      if (kBarriers > 1) mbarrier_arrive_expect_bytes(&landed[part], uint32_t(boxes * Parts::blocks_in(part) * box_tokens * 128));
+      if (kBarriers > 1) {
+        mbarrier_arrive_expect_bytes(&landed[part], uint32_t(boxes * Parts::blocks_in(part) * box_tokens * 128));
+      }
     }
     if (kBarriers == 1) mbarrier_arrive_expect_bytes(&landed[0], uint32_t(boxes * blocks * box_tokens * 128));
     uint8_t* destination = stages + stage * kStageStride;
@@ -354,7 +356,8 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
   const bool speculated =
       took_early && speculative_landed != nullptr && early->speculative_boxes == loader.boxes_of(0);
   using Loader = decltype(loader);
-  static_assert(Loader::kSpeculativeParts == (kParts == 1 ? Loader::Parts::kParts : 1), "a speculative copy: full[0]'s parts");
+  static_assert(Loader::kSpeculativeParts == (kParts == 1 ? Loader::Parts::kParts : 1),
+                "a speculative copy takes what full[0] counts");
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % kStages;
     if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) % 2);
