@@ -452,7 +452,7 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
 // KeyTileLoader::kSpeculativeParts) from them into `first_stage` right after the wait (the tile's
 // bytes are read after the wait, so they are the previous kernel's final ones; only its pages may
 // be stale, which publish_early_pages checks), else by a plain arrival. Every thread that uses
-// stage 0 waits for it (tile 0's consumers, an empty split's exit).
+// stage 0 waits for it (tile 0's consumers, an empty split's exit: wait_for_speculative_copy_before_exit).
 // kMayHalve: the kernel works in value halves (key_range_of); then the range read before the
 // wait is in halves too, so that a half-1 split speculates on its own tile (the prefetch takes a
 // halved tile once, in half 0).
@@ -542,6 +542,11 @@ __device__ __forceinline__ void publish_early_pages(const EarlyPages& early, Ear
     }
     *slot = published;
   }
+}
+// An empty split's exit: a speculative tile 0 (start_split_cta) lands in this CTA's shared
+// memory, so the CTA may not end before it has (the thread that issued it waits).
+__device__ __forceinline__ void wait_for_speculative_copy_before_exit(uint64_t* speculative_landed) {
+  if (speculative_landed != nullptr && threadIdx.x == blockDim.x - 1) mbarrier_wait(speculative_landed, 0);
 }
 template <bool kFp8Cache>
 __device__ __forceinline__ EarlyPages* early_pages_slot(uint8_t* stages) {

@@ -171,8 +171,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   publish_early_pages(early, early_pages_slot<true>(stages));
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) {
-    // (A speculative tile 0 lands in this CTA's shared memory: it may not end before that.)
-    if (speculative_landed != nullptr && threadIdx.x == blockDim.x - 1) mbarrier_wait(speculative_landed, 0);
+    wait_for_speculative_copy_before_exit(speculative_landed);
     return;
   }
   // Q by both score warpgroups with 32 rows (by one, a bf16 q's loads in flight took 72

@@ -265,8 +265,7 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   if constexpr (kSpeculative) publish_early_pages(early, early_pages_slot<false>(stages));
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
   if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) {
-    // (A speculative part lands in this CTA's shared memory: it may not end before that.)
-    if (speculative_landed != nullptr && threadIdx.x == blockDim.x - 1) mbarrier_wait(speculative_landed, 0);
+    wait_for_speculative_copy_before_exit(speculative_landed);
     return;
   }
 
