@@ -168,6 +168,14 @@ void add_dense_decode_cases(std::vector<Case>& cases) {
     for (int64_t batch : {1, 2, 4}) shapes.push_back(uniform_shape("D4", batch, 1, 16, 4096, true, pdl));
     shapes.push_back(uniform_shape("D5", 1, 1, 16, 32768, true, pdl));
   }
+  // Multi-token prediction's latency (DeepSeek-V3's MTP: a draft token beside each new one, so
+  // Sq 2 x Hq 16 = 32 rows, the narrow kernels' second row count), with PDL. Not a PERF.md case:
+  // "D4 Sq=2 Hq=16 B=1 pdl" (a filter for "D4 Hq=16" leaves it out).
+  for (int64_t batch : {1, 2}) {
+    DecodeShape shape = uniform_shape("D4", batch, 2, 16, 4096, true, true);
+    shape.name.insert(2, " Sq=2");
+    shapes.push_back(shape);
+  }
   // The cases above size the block table to the longest request, which bounds the lengths
   // (dense_decode.h max_seq_len): no split without keys is launched. With PDL, a table for
   // DeepSeek-V3's 163840-token context as an engine sizes it, without and with max_seq_len (FP8

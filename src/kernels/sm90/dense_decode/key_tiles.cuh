@@ -361,9 +361,9 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
   for (int tile = 0; tile < range.tiles; ++tile) {
     const int stage = tile % kStages;
     if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) % 2);
-    if (tile == 0 && speculated) {
+    if (tile == 0 && speculated) {  // the speculative copy holds full[0]'s parts: the rest, if any
       mbarrier_arrive(&full[0]);
-      if constexpr (kParts > 1) loader.template issue<kParts>(0, 0, full, 1);
+      if constexpr (kParts > 1) loader.template issue<kParts>(0, 0, full, Loader::kSpeculativeParts);
     } else {
       if (tile == 0 && speculative_landed != nullptr) mbarrier_wait(speculative_landed, 0);
       loader.template issue<kParts>(tile, stage, &full[(stage * kGroups + tile % kGroups) * kParts]);
