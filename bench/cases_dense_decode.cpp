@@ -168,11 +168,13 @@ void add_dense_decode_cases(std::vector<Case>& cases) {
     for (int64_t batch : {1, 2, 4}) shapes.push_back(uniform_shape("D4", batch, 1, 16, 4096, true, pdl));
     shapes.push_back(uniform_shape("D5", 1, 1, 16, 32768, true, pdl));
   }
-  // Multi-token prediction's latency (DeepSeek-V3's MTP: a draft token beside each new one, so
-  // Sq 2 x Hq 16 = 32 rows, the narrow kernels' second row count), with PDL. Not a PERF.md case:
-  // "D4 Sq=2 Hq=16 B=1 pdl" (a filter for "D4 Hq=16" leaves it out).
-  for (int64_t batch : {1, 2}) {
-    DecodeShape shape = uniform_shape("D4", batch, 2, 16, 4096, true, true);
+  // Multi-token prediction (DeepSeek-V3's MTP: a draft token beside each new one, so Sq 2 x Hq 16
+  // = 32 rows, the narrow kernels' second row count): D4's and D5's latency with PDL, and D2's
+  // lengths at a batch whose CTAs still leave SMs idle. Not PERF.md cases: "D4 Sq=2 Hq=16 B=1 pdl"
+  // (a filter for "D4 Hq=16" leaves them out).
+  for (DecodeShape shape :
+       {uniform_shape("D4", 1, 2, 16, 4096, true, true), uniform_shape("D4", 2, 2, 16, 4096, true, true),
+        uniform_shape("D5", 1, 2, 16, 32768, true, true), uniform_shape("D2", 32, 2, 16, 8192)}) {
     shape.name.insert(2, " Sq=2");
     shapes.push_back(shape);
   }

@@ -10,26 +10,35 @@
 
 namespace openmla {
 
-DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t heads,
-                                  int sm_count) {
-  DenseDecodePlan plan;
-  const int64_t rows = query_tokens * heads;
-  plan.row_tiles = (rows + kDecodeRowsPerTile - 1) / kDecodeRowsPerTile;
-  const int64_t ctas = std::max<int64_t>(1, batch * plan.row_tiles);
-  const int64_t sms = std::max(sm_count, 1);
-  // The kernels run one CTA per SM, so s splits take ceil(ctas * s / sms) waves of 1/s of the
-  // work each. Each split also costs a partial output, a share of the combine step and a CTA's
-  // fixed cost: 2% per split, so that s grows only for a real gain (e.g. 67 CTAs on 132 SMs:
-  // 7 splits, 0.89 of the GPU busy instead of 0.51; 128 CTAs: 1 split).
+namespace {
+
+// The kernels run one CTA per SM, so s splits take ceil(ctas * s / sms) waves of 1/s of the
+// work each. Each split also costs a partial output, a share of the combine step and a CTA's
+// fixed cost: 2% per split, so that s grows only for a real gain (e.g. 67 CTAs on 132 SMs:
+// 7 splits, 0.89 of the GPU busy instead of 0.51; 128 CTAs: 1 split).
+int64_t uniform_splits(int64_t ctas, int64_t sms) {
+  int64_t best_splits = 1;
   double best_cost = 0;
   for (int64_t splits = 1; splits <= kMaxDecodeSplits; ++splits) {
     const double waves = double((ctas * splits + sms - 1) / sms);
     const double cost = waves / double(splits) * (1.0 + 0.02 * double(splits - 1));
     if (splits == 1 || cost < best_cost) {
       best_cost = cost;
-      plan.splits = splits;
+      best_splits = splits;
     }
   }
+  return best_splits;
+}
+
+}  // namespace
+
+DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t heads,
+                                  int sm_count) {
+  DenseDecodePlan plan;
+  const int64_t rows = query_tokens * heads;
+  const int64_t sms = std::max(sm_count, 1);
+  plan.row_tiles = (rows + kDecodeRowsPerTile - 1) / kDecodeRowsPerTile;
+  plan.splits = uniform_splits(std::max<int64_t>(1, batch * plan.row_tiles), sms);
   if (plan.splits == 1 && batch >= 2 && batch <= kMaxBalancedBatch &&
       batch * query_tokens * heads <= kMaxBalancedRows) {
     plan.splits = kBalancedSplits;
@@ -44,6 +53,20 @@ DenseDecodePlan bound_decode_splits(DenseDecodePlan plan, int64_t max_seq_len, i
   if (tiles >= plan.splits) return plan;  // (and the product below cannot overflow)
   plan.splits = std::max<int64_t>(1, std::min(plan.splits, tiles * std::max<int64_t>(1, splits_per_tile)));
   return plan;
+}
+
+DenseDecodePlan latency_row_tiles(const DenseDecodePlan& plan, int64_t batch, int64_t rows, int64_t length_bound,
+                                  int sm_count, int64_t max_tiles_per_cta) {
+  if (plan.balanced || rows <= kDecodeLatencyRowsPerTile || rows > kDecodeNarrowRows || length_bound <= 0) return plan;
+  DenseDecodePlan cut;
+  cut.rows_per_tile = kDecodeLatencyRowsPerTile;
+  cut.row_tiles = (rows + kDecodeLatencyRowsPerTile - 1) / kDecodeLatencyRowsPerTile;
+  // One wave: the most splits that fit (never more than the plan's, which the workspace holds).
+  cut.splits = std::min(plan.splits, std::max<int64_t>(1, sm_count) / std::max<int64_t>(1, batch * cut.row_tiles));
+  if (cut.splits < 2) return plan;
+  cut = bound_decode_splits(cut, length_bound, 1);
+  const int64_t tiles = length_bound / kDecodeMinKeysPerSplit + (length_bound % kDecodeMinKeysPerSplit != 0);
+  return (tiles + cut.splits - 1) / cut.splits <= max_tiles_per_cta ? cut : plan;
 }
 
 int64_t decode_length_bound(int64_t max_seq_len, int64_t table_columns, int64_t page_size) {

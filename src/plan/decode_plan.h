@@ -20,6 +20,9 @@ constexpr int64_t kMaxDecodeSplits = 128;
 // Query rows (Sq tokens x Hq heads of one request, folded into the tensor-core M dimension,
 // TokenSpeed's fold_sq_factor idea) handled by one CTA of the dense decode kernel.
 constexpr int64_t kDecodeRowsPerTile = 64;
+// Rows per CTA of latency_row_tiles (below).
+constexpr int64_t kDecodeLatencyRowsPerTile = 16;
+constexpr int64_t kDecodeNarrowRows = 32;  // the narrow kernels' rows (at most one row tile)
 
 // Balanced plans. When the requests alone fill the GPU (one split is the best uniform plan),
 // the grid still has kBalancedSplits splits per request, and the device decides per request,
@@ -41,7 +44,8 @@ constexpr int64_t kMaxBalancedRows = 65536;  // B x Sq x Hq: at most 269 MB of w
 constexpr int64_t kDecodeMinKeysPerSplit = 64;
 
 struct DenseDecodePlan {
-  int64_t row_tiles = 1;  // ceil(Sq * Hq / kDecodeRowsPerTile) CTAs per (request, split)
+  int64_t rows_per_tile = kDecodeRowsPerTile;  // or kDecodeLatencyRowsPerTile (above)
+  int64_t row_tiles = 1;  // ceil(Sq * Hq / rows_per_tile) CTAs per (request, split)
   int64_t splits = 1;     // KV splits per request in the grid; 1 = no combine step
   bool balanced = false;  // splits used per request decided on the device (above)
 };
@@ -72,6 +76,16 @@ DenseDecodePlan bound_decode_splits(DenseDecodePlan plan, int64_t max_seq_len, i
 // (FlashMLA's and TokenSpeed's tests size theirs so) needs no max_seq_len; an engine's table
 // for its longest context bounds little.
 int64_t decode_length_bound(int64_t max_seq_len, int64_t table_columns, int64_t page_size);
+
+// 17..32 rows (multi-token prediction: Sq 2 x 16 heads) in two row tiles of 16, where one wave
+// of them still splits every request in two or more (B <= 33 on 132 SMs) and the length bound
+// (decode_length_bound) gives each CTA at most max_tiles_per_cta key tiles; else `plan` (bounded,
+// bound_decode_splits). Each CTA's chain is the 16-row narrow kernel's, much shorter than the
+// 32-row one's (FP8 D4 Sq 2 B1 PDL: 13.0 -> 10.2 us; H200, perf log session 54), but the two CTAs
+// of a (request, split) each take its key tiles into their SM: a stream of many tiles a CTA
+// (D2's lengths at B 32) was 15-27% slower. Never more splits than `plan`.
+DenseDecodePlan latency_row_tiles(const DenseDecodePlan& plan, int64_t batch, int64_t rows, int64_t length_bound,
+                                  int sm_count, int64_t max_tiles_per_cta);
 
 // Bytes of scratch for split-KV decode with `splits` splits: per (split, request, token, head)
 // a partial output of `value_dim` floats and one LSE float, then one int32 per request (the

@@ -90,5 +90,35 @@ TEST(DecodePlan, RowTilesFoldTokensAndHeads) {
   EXPECT_LE(splits_for(1, 1, 1), kMaxDecodeSplits);
 }
 
+// 17..32 rows (Sq 2 x 16 heads): two row tiles of 16 where one wave of them still splits every
+// request in two or more (B <= 33 on 132 SMs) and the bound gives each at most the tiles asked;
+// else the plan as given (bounded); 16 rows and fewer, balanced plans: as given.
+TEST(DecodePlan, FewTilesOf17To32RowsTakeTwoRowTilesOf16) {
+  auto bounded = [](int64_t batch, int64_t sq, int64_t heads, int64_t bound) {
+    return bound_decode_splits(plan_dense_decode(batch, sq, heads, 132), bound, 1);
+  };
+  const DenseDecodePlan d4 = latency_row_tiles(bounded(1, 2, 16, 4096), 1, 32, 4096, 132, 1);
+  EXPECT_EQ(d4.rows_per_tile, kDecodeLatencyRowsPerTile);
+  EXPECT_EQ(d4.row_tiles, 2);
+  EXPECT_EQ(d4.splits, 64);  // one tile each
+  const DenseDecodePlan d5 = latency_row_tiles(bounded(1, 2, 16, 32768), 1, 32, 32768, 132, 8);
+  EXPECT_EQ(d5.row_tiles, 2);
+  EXPECT_EQ(d5.splits, 66);  // 512 tiles: 8 each at most
+  const DenseDecodePlan d5_kept = latency_row_tiles(bounded(1, 2, 16, 32768), 1, 32, 32768, 132, 7);
+  EXPECT_EQ(d5_kept.row_tiles, 1);
+  EXPECT_EQ(d5_kept.splits, 128);
+  const DenseDecodePlan most = latency_row_tiles(bounded(33, 1, 20, 140), 33, 20, 140, 132, 2);  // rows 0..15, 16..19
+  EXPECT_EQ(most.row_tiles, 2);
+  EXPECT_EQ(most.splits, 2);
+  const DenseDecodePlan more = latency_row_tiles(bounded(34, 2, 16, 140), 34, 32, 140, 132, 2);
+  EXPECT_EQ(more.rows_per_tile, kDecodeRowsPerTile);
+  EXPECT_EQ(more.row_tiles, 1);
+  EXPECT_EQ(more.splits, 3);  // the bound's 3 tiles
+  const DenseDecodePlan sixteen = latency_row_tiles(bounded(1, 1, 16, 4096), 1, 16, 4096, 132, 8);
+  EXPECT_EQ(sixteen.row_tiles, 1);
+  EXPECT_EQ(sixteen.splits, 64);
+  EXPECT_TRUE(latency_row_tiles(plan_dense_decode(128, 2, 16, 132), 128, 32, 4096, 132, 8).balanced);
+}
+
 }  // namespace
 }  // namespace openmla

@@ -500,8 +500,12 @@ const DecodeCase kSmallCases[] = {
     {6, 1, 63, 140, 256, true, false, kBf16, kFp8},
     {2, 2, 64, 140, 64, true, true, kFp8, kFp8},
     {2, 2, 8, 140, 32, true, true, kFp8, kFp8},     // FP8 narrow kernel, 16 rows (3 warpgroups)
-    {3, 1, 20, 140, 64, true, false, kBf16, kFp8},  // FP8 narrow kernel, 32 rows (2 warpgroups)
-    {2, 2, 16, 140, 64, true, true},                // 16-bit narrow kernel, 32 rows (Sq 2 x 16 heads)
+    // 17..32 rows: few requests of few tiles in two row tiles of 16 (16 + 4 rows here;
+    // decode_plan.h latency_row_tiles), many in the narrow kernels' 32-row tile (40 requests).
+    {3, 1, 20, 140, 64, true, false, kBf16, kFp8},   // FP8 narrow kernel
+    {40, 1, 20, 140, 64, true, false, kBf16, kFp8},  // ... 32 rows (2 score warpgroups)
+    {2, 2, 16, 140, 64, true, true},                 // 16-bit narrow kernel, Sq 2 x 16 heads
+    {40, 2, 16, 140, 64, true, true},                // ... 32 rows
     with({1, 4, 128, 20, 16, false, false}, [](DecodeCase& c) { c.strided_q = true; }),
     with({6, 2, 126, 20, 32, true, true}, [](DecodeCase& c) { c.cache_with_head_dim = true; }),
     // Balanced plans (132 CTAs) with requests in two splits: the alternating kernel, bf16 and FP8.
@@ -539,9 +543,12 @@ const DecodeCase kCoveringCases[] = {
     {64, 4, 63, 20, 16, false, true},
     {64, 8, 128, 140, 64, true, false},
     {2, 8, 126, 140, 32, false, true},
-    // 17..32 rows with a 16-bit cache: the narrow kernel's 32-row tile.
+    // 17..32 rows with a 16-bit cache: the narrow kernel's 32-row tile (here 5 tiles a split
+    // and more: decode_plan.h latency_row_tiles) or two row tiles of 16 (Sq 8 x 3 heads above:
+    // a token across the tiles, causal; the PDL cases below).
     {4, 2, 16, 4096, 64, true, true},
     {64, 2, 13, 140, 32, true, true},
+    {36, 2, 16, 1000, 16, true, true, kFp16, kFp16},
     with({2, 2, 16, 4096, 32, false, false}, [](DecodeCase& c) {
       c.strided_q = true;
       c.with_lse = false;
@@ -568,8 +575,11 @@ const DecodeCase kCoveringCases[] = {
     // stages): splits of 8 tiles wrap the stages at least once.
     {16, 1, 16, 4096, 16, true, false, kBf16, kFp8},
     {3, 1, 5, 4096, 256, false, true, kBf16, kFp8},
-    // 17..32 rows with an FP8 cache: the same kernel with 32 rows (Sq 2 x 16 heads, 32 heads).
+    // 17..32 rows with an FP8 cache: the same kernel with 32 rows (Sq 2 x 16 heads, 32 heads) or
+    // in two row tiles of 16 (at most 8 tiles a split; 3 x 32 heads below, 22 splits).
     {16, 2, 16, 4096, 64, true, true, kBf16, kFp8},
+    {40, 2, 16, 1000, 64, true, true, kBf16, kFp8},
+    {48, 1, 32, 700, 32, true, false, kFp8, kFp8},
     {2, 3, 7, 140, 128, true, true, kBf16, kFp8},
     with({3, 1, 32, 4096, 32, false, false, kBf16, kFp8}, [](DecodeCase& c) { c.query_magnitude = 1e5; }),
     // > 32 rows with an FP8 cache (64-row tiles, three raw stages with a bf16 q): splits of 4
@@ -636,6 +646,11 @@ const DecodeCase kCoveringCases[] = {
     // a part: more than a speculative copy takes, so only the entries are read early).
     with({1, 1, 16, 4096, 256, false, false}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
     with({1, 1, 16, 4000, 16, false, false}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
+    // ... with Sq 2 x 16 heads (multi-token prediction: two row tiles of 16, never halved),
+    // causal, 1 and 6 tiles a split, pages of 32 and 64, both caches (FP8: the speculative tile).
+    with({1, 2, 16, 4096, 32, false, true}, [](DecodeCase& c) { c.pdl = true; }),
+    with({1, 2, 16, 24576, 64, false, true}, [](DecodeCase& c) { c.pdl = true; c.max_seq_len = 4096; }),
+    with({2, 2, 16, 4000, 64, false, true, kBf16, kFp8}, [](DecodeCase& c) { c.pdl = true; }),
     with({2, 1, 16, 4096, 64, true, false, kFp8, kFp8}, [](DecodeCase& c) { c.max_seq_len = 64; }),
     with({6, 2, 8, 4096, 32, true, true}, [](DecodeCase& c) { c.max_seq_len = 100; }),
     // The table's capacity as the bound: D4 B1's FP8 plan of 64 splits; one tile's keys (bf16:
@@ -847,12 +862,14 @@ TEST(DenseDecodeGpuGraph, ReplayFollowsValueHalves) {
 // between halves (at most 64 tiles; a single key; a partial last tile), a request too long to
 // halve (128 tiles: one a split, every split whole) and no keys at all. With PDL each split
 // issues its first tile part speculatively (key_tiles.cuh start_split_cta), in both halves where
-// the request is halved.
+// the request is halved. With an FP8 cache (no halves) the same 128 splits, half of them empty
+// at 4096 keys, issue their whole first tiles speculatively with PDL.
 TEST(DenseDecodeGpuGraph, ReplayFollowsOneRequestsValueHalves) {
   OPENMLA_REQUIRE_GPU();
+  for (const DType kv_dtype : {DType::kBFloat16, DType::kFloat8E4M3})
   for (const bool pdl : {false, true}) {
-    SCOPED_TRACE(pdl ? "pdl" : "no pdl");
-    DecodeCase c{1, 1, 16, 8192, 64, false, false};
+    SCOPED_TRACE(std::string(kv_dtype == DType::kBFloat16 ? "bf16 cache, " : "fp8 cache, ") + (pdl ? "pdl" : "no pdl"));
+    DecodeCase c{1, 1, 16, 8192, 64, false, false, DType::kBFloat16, kv_dtype};
     c.pdl = pdl;
     expect_replays_follow(c, {{4096}, {8192}, {1}, {0}, {4033}, {4096}}, /*table_width=*/130,
                           /*page_count=*/130 + 2);
@@ -923,12 +940,15 @@ TEST(DenseDecodeGpuPdl, InputsWrittenByThePreviousKernel) {
   OPENMLA_REQUIRE_GPU();
   const DecodeCase cases[] = {
       {2, 1, 16, 4096, 64, true, false},              // narrow 16-bit kernel, 16 rows (speculative first part)
-      {2, 2, 16, 4096, 16, true, true, kBf16, kFp8},  // narrow FP8 kernel, 32 rows, pages of 16
+      {2, 2, 16, 4096, 16, true, true, kBf16, kFp8},  // narrow FP8 kernel, 2 row tiles of 16, pages of 16
+      {40, 2, 16, 1000, 64, true, false, kBf16, kFp8},  // ... 32 rows (40 requests)
       {2, 1, 128, 4096, 256, false, false},           // 64-row kernel
       {2, 1, 16, 4096, 128, true, false, kFp8, kFp8},
       {1, 1, 16, 4096, 64, true, false, kBf16, kFp8},  // D4 B1's plan (66 splits): early entries, speculative tile 0
       {1, 1, 16, 4096, 64, true, false, kFp8, kFp8},   // the same with an fp8 q
       {1, 1, 16, 4096, 64, true, false},  // the same in the 16-bit kernel: value halves, speculative first part
+      {1, 2, 16, 4096, 64, true, true},   // Sq 2 x 16 heads (2 row tiles of 16): speculative first part
+      {1, 2, 16, 4096, 64, true, true, kBf16, kFp8},  // ... FP8 cache: speculative tile 0
       // ... with a bound (128 splits still)
       with({1, 1, 16, 4096, 64, true, false}, [](DecodeCase& c) { c.max_seq_len = 4096; }),
   };

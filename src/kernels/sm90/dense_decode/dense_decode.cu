@@ -106,8 +106,9 @@ KeyMaps make_key_maps(const TensorView& cache, int latent_part_blocks) {
 // small_page_tiles: the 64-row kernel's 16-bit tiles in SmallPageKeyTileParts (pages of 16 tokens).
 // speculative_first_tile: the narrow kernels at 16 rows issue a split's first tile (16-bit: its
 // first part) right after the PDL wait (their kSpeculative forms).
+// cta_rows: the query rows of one CTA (a row tile's: decode_plan.h rows_per_tile).
 template <bool kHalf, bool kFp8Q, bool kFp8Cache>
-void launch_split(const KeyMaps& maps, const SplitArgs& args, dim3 grid, cudaStream_t stream,
+void launch_split(const KeyMaps& maps, const SplitArgs& args, dim3 grid, int cta_rows, cudaStream_t stream,
                   bool programmatic, bool small_page_tiles, bool speculative_first_tile) {
   // Not a stream operation: allowed during graph capture, and cheap enough to repeat.
   auto launch = [&](auto kernel, int threads, int bytes) {
@@ -134,7 +135,7 @@ void launch_split(const KeyMaps& maps, const SplitArgs& args, dim3 grid, cudaStr
     }
   };
   if (uses_narrow_kernel(args.rows)) {
-    if (args.rows <= 16) {
+    if (cta_rows <= 16) {
       launch_narrow(std::integral_constant<int, 16>{});
     } else {
       launch_narrow(std::integral_constant<int, 32>{});
@@ -174,8 +175,13 @@ void dense_decode(const DenseDecodeParams& params) {
   const bool may_halve_values = !fp8_cache && query_tokens * heads <= 16;
   // Bounded by max_seq_len and the block table's capacity: no split that would get no keys.
   const int64_t length_bound = decode_length_bound(params.max_seq_len, params.block_table.size(1), cache.size(1));
-  const DenseDecodePlan plan = bound_decode_splits(plan_dense_decode(batch, query_tokens, heads, sm_count),
-                                                   length_bound, may_halve_values ? 2 : 1);
+  const DenseDecodePlan bounded = bound_decode_splits(plan_dense_decode(batch, query_tokens, heads, sm_count),
+                                                      length_bound, may_halve_values ? 2 : 1);
+  // 17..32 rows in two CTAs of 16 where those get few key tiles each: up to 8 with an FP8 cache
+  // (D5's 32K keys at Sq 2: 8 a CTA, 11% faster than 32 rows in 4), up to 2 with a 16-bit one
+  // (the same 8 were 3% slower; D4's one or two 10-12% faster; H200, perf log session 54).
+  const DenseDecodePlan plan =
+      latency_row_tiles(bounded, batch, query_tokens * heads, length_bound, sm_count, fp8_cache ? 8 : 2);
 
   SplitArgs args{};
   args.q = q.ptr<const uint8_t>();
@@ -242,9 +248,10 @@ void dense_decode(const DenseDecodeParams& params) {
   // and gains at every such plan: D4 B1 / B2 / B4 PDL -2.5 / -2.7 / -6%, D5 -2.4% (H200, perf
   // log session 53). (32 rows were not measured.)
   const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
+  const int cta_rows = int(std::min<int64_t>(args.rows, plan.rows_per_tile));
   const bool speculative_first_tile =
-      params.enable_pdl && !plan.balanced && args.rows <= 16 &&
-      (fp8_cache ? 2 * ctas <= sm_count : plan.splits >= 2 && ctas <= sm_count);
+      params.enable_pdl && !plan.balanced && cta_rows <= 16 &&
+      (fp8_cache ? 2 * ctas <= sm_count || (batch == 1 && ctas <= sm_count) : plan.splits >= 2 && ctas <= sm_count);
   const cudaStream_t stream = as_cuda_stream(params.stream);
   // Pages of 16 tokens: the 64-row kernel's 16-bit tiles in two parts (fewer TMA boxes;
   // key_tiles.cuh SmallPageKeyTileParts).
@@ -252,16 +259,16 @@ void dense_decode(const DenseDecodeParams& params) {
   const KeyMaps maps = make_key_maps(
       cache, small_page_tiles ? SmallPageKeyTileParts::blocks_in(0) : KeyTileParts::blocks_in(0));
   if (half) {
-    launch_split<true, false, false>(maps, args, grid, stream, params.enable_pdl, small_page_tiles,
+    launch_split<true, false, false>(maps, args, grid, cta_rows, stream, params.enable_pdl, small_page_tiles,
                                      speculative_first_tile);
   } else if (fp8_q) {  // S (<= 32 rows: S^T) on e4m3 tensor cores, P V in fp16
-    launch_split<true, true, true>(maps, args, grid, stream, params.enable_pdl, small_page_tiles,
+    launch_split<true, true, true>(maps, args, grid, cta_rows, stream, params.enable_pdl, small_page_tiles,
                                    speculative_first_tile);
   } else if (fp8_cache) {
-    launch_split<true, false, true>(maps, args, grid, stream, params.enable_pdl, small_page_tiles,
+    launch_split<true, false, true>(maps, args, grid, cta_rows, stream, params.enable_pdl, small_page_tiles,
                                     speculative_first_tile);
   } else {
-    launch_split<false, false, false>(maps, args, grid, stream, params.enable_pdl, small_page_tiles,
+    launch_split<false, false, false>(maps, args, grid, cta_rows, stream, params.enable_pdl, small_page_tiles,
                                       speculative_first_tile);
   }
 

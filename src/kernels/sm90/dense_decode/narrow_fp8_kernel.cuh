@@ -161,16 +161,17 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   // The parity of the phase that tile t completes on a barrier of its buffer (t % 2).
   auto phase_of = [](int tile) { return (tile / 2) % 2; };
 
-  const int rows_here = args.rows;  // <= kRows: one row tile
+  // One row tile of kRows (two of 16 where a plan cuts 17..32 rows so: decode_plan.h).
+  const int first_row = int(blockIdx.x) * kRows, rows_here = min(kRows, args.rows - first_row);
   EarlyPages early;
   const CtaWork work =
-      start_split_cta<(kFp8Q ? 1 : 2), true>(&maps, args, 0, rows_here, reinterpret_cast<int*>(stages), &early,
+      start_split_cta<(kFp8Q ? 1 : 2), true>(&maps, args, first_row, rows_here, reinterpret_cast<int*>(stages), &early,
                                              speculative_landed, stages);
   const int batch_index = work.batch_index, split = work.split;
-  const KeyRange range = split_key_range(args, work, 0, rows_here);
+  const KeyRange range = split_key_range(args, work, first_row, rows_here);
   publish_early_pages(early, early_pages_slot<true>(stages));
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
-  if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) {
+  if (finish_empty_split(args, range, split, batch_index, first_row, rows_here)) {
     wait_for_speculative_copy_before_exit(speculative_landed);
     return;
   }
@@ -186,7 +187,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   const bool loads_early = kSpeculative && loads_query;
   // (rows_here 0 elsewhere: no row is present, so no thread works out a row offset it never uses,
   // and without kSpeculative the object is dead code.)
-  E4m3QueryRows<kRows, kQueryThreads, !kFp8Q> early_query(args, batch_index, 0, loads_early ? rows_here : 0);
+  E4m3QueryRows<kRows, kQueryThreads, !kFp8Q> early_query(args, batch_index, first_row, loads_early ? rows_here : 0);
   if (loads_early) early_query.load(args);
 
   init_stage_barriers(full, empty, 128, kStages);
@@ -236,11 +237,12 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       if constexpr (kSpeculative) {
         early_query.store(query, row_factors, barrier);
       } else {
-        load_e4m3_query_rows<kRows, kQueryThreads, !kFp8Q>(args, batch_index, 0, rows_here, query, row_factors, barrier);
+        load_e4m3_query_rows<kRows, kQueryThreads, !kFp8Q>(args, batch_index, first_row, rows_here, query, row_factors,
+                                                           barrier);
       }
     }
     meet(0);
-    const int lane_row_visible = row_visible_end(args, range, 0, lane, rows_here);
+    const int lane_row_visible = row_visible_end(args, range, first_row, lane, rows_here);
     int visible[kSlots];
     // reference: the softmax's reference as of this group's last tile (-inf while no key; used
     // as 0 then); running_sum: the sums of this thread's keys, relative to it.
@@ -399,8 +401,8 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
           finish_row(args, sums[row] + sums[kRows + row], references[(last % 2) * kRows + row], row < rows_here);
       normalizers[row] = done.normalizer;
       if (row < rows_here) {
-        store_row_lse(args, destination, batch_index, row, done.lse2);
-        row_offsets[row] = destination_row_offset(args, destination, batch_index, row);
+        store_row_lse(args, destination, batch_index, first_row + row, done.lse2);
+        row_offsets[row] = destination_row_offset(args, destination, batch_index, first_row + row);
       }
     };
     if (first == 0 && warp == 0 && lane < (kRows == 16 ? kRows : 4)) {

@@ -49,6 +49,8 @@ constexpr int kNarrowGroupThreads = 128;  // one consumer warpgroup
 // The launcher's choice of kernel. 32 rows are
 // Sq 2 x 16 heads (speculative decoding at tensor parallelism 8) or 32 heads.
 __host__ __device__ constexpr bool uses_narrow_kernel(int rows) { return rows <= kNarrowRows; }
+static_assert(kNarrowRows == kDecodeNarrowRows && kDecodeLatencyRowsPerTile == 16,
+              "the plan's narrow row tiles (decode_plan.h) are these kernels' 32 and 16 rows");
 
 template <int kRows>
 struct NarrowLayout {
@@ -254,17 +256,18 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   uint64_t* speculative_landed = kSpeculative ? empty + Layout::kStages : nullptr;
   uint8_t* stages = shared + Layout::kKeys;
 
-  const int rows_here = args.rows;  // <= kRows: one row tile
+  // One row tile of kRows (two of 16 where a plan cuts 17..32 rows so: decode_plan.h).
+  const int first_row = int(blockIdx.x) * kRows, rows_here = min(kRows, args.rows - first_row);
   constexpr bool kMayHalve = kRows == 16;  // value halves (split_common.cuh key_range_of): D4, D5
   EarlyPages early;
   const CtaWork work = start_split_cta<2, false, kMayHalve && kSpeculative>(
-      &maps, args, 0, rows_here, reinterpret_cast<int*>(stages), kSpeculative ? &early : nullptr, speculative_landed,
+      &maps, args, first_row, rows_here, reinterpret_cast<int*>(stages), kSpeculative ? &early : nullptr, speculative_landed,
       stages);
   const int batch_index = work.batch_index, split = work.split;
-  const KeyRange range = split_key_range<kMayHalve>(args, work, 0, rows_here);
+  const KeyRange range = split_key_range<kMayHalve>(args, work, first_row, rows_here);
   if constexpr (kSpeculative) publish_early_pages(early, early_pages_slot<false>(stages));
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;
-  if (finish_empty_split(args, range, split, batch_index, 0, rows_here)) {
+  if (finish_empty_split(args, range, split, batch_index, first_row, rows_here)) {
     wait_for_speculative_copy_before_exit(speculative_landed);
     return;
   }
@@ -295,7 +298,7 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     }
   }
   // (Its fence and barrier also publish the ones to the tensor cores.)
-  load_query_tile<kRows, kNarrowGroupThreads>(args, batch_index, 0, rows_here, query, 1);
+  load_query_tile<kRows, kNarrowGroupThreads>(args, batch_index, first_row, rows_here, query, 1);
 
   // Accumulator element i of this thread: key (M) 16 warp + lane / 4 + 8 ((i / 2) % 2), query
   // row (N) 8 (i / 4) + 2 (lane % 4) + i % 2. A thread holds kSlots rows ("slots"
@@ -304,7 +307,7 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   auto row_of_slot = [lane](int slot) { return 8 * (slot / 2) + 2 * (lane % 4) + slot % 2; };
   // Each row's visible end once per lane (row = lane: kRows <= 32), then shuffled to the slots:
   // per slot, its division by the head count was cold code that every CTA runs once.
-  const int lane_row_visible = row_visible_end(args, range, 0, lane, rows_here);
+  const int lane_row_visible = row_visible_end(args, range, first_row, lane, rows_here);
   int visible[kSlots];
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) visible[slot] = __shfl_sync(0xffffffffu, lane_row_visible, row_of_slot(slot));
@@ -462,10 +465,10 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
       for (int slot = 0; slot < kSlots; ++slot) {
         const int row = row_of_slot(slot);
         const float lse = value_half == 0 ? row_lse[slot] : -INFINITY;
-        if (row < rows_here) store_row_lse(args, destination, batch_index, row, lse);
+        if (row < rows_here) store_row_lse(args, destination, batch_index, first_row + row, lse);
       }
     }
-    float* rows = partial_output_row(args, range.key_split, batch_index, 0) + value_half * (kLatentDim / 2) +
+    float* rows = partial_output_row(args, range.key_split, batch_index, first_row) + value_half * (kLatentDim / 2) +
                   accumulator_row(warp, lane, 0);
 #pragma unroll
     for (int block = 0; block < kValueBlocks; ++block) {
@@ -498,8 +501,8 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   sync_narrow_consumers();
   if (threadIdx.x < rows_here) {
     const int row = threadIdx.x;
-    store_row_lse(args, destination, batch_index, row, row_lses[row]);
-    row_offsets[row] = destination_row_offset(args, destination, batch_index, row);
+    store_row_lse(args, destination, batch_index, first_row + row, row_lses[row]);
+    row_offsets[row] = destination_row_offset(args, destination, batch_index, first_row + row);
   }
 #pragma unroll
   for (int block = 0; block < kValueBlocks; ++block) {
