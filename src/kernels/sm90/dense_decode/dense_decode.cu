@@ -241,12 +241,14 @@ void dense_decode(const DenseDecodeParams& params) {
   const dim3 grid(unsigned(plan.row_tiles), unsigned(batch), unsigned(plan.splits));
   // With PDL the narrow kernels at 16 rows issue a split's first tile right after the wait, from
   // the entries read before it (key_tiles.cuh start_split_cta), where the grid is one wave. The
-  // FP8 kernel only where the grid takes at most half the SMs: there (FP8 D4 B1's 64 CTAs) an
-  // fp8 q's one-tile splits gained 2.5-3%, and with every SM's first tile in one burst right
-  // after the wait (D4 B2's 128 CTAs) the call was 4-6% slower (H100 and H200, perf log session
-  // 51). The 16-bit kernel takes its tile's first part (32 KB, in L2 since the prefetch) only,
-  // and gains at every such plan: D4 B1 / B2 / B4 PDL -2.5 / -2.7 / -6%, D5 -2.4% (H200, perf
-  // log session 53). (32 rows were not measured.)
+  // FP8 kernel only where the grid takes at most half the SMs or serves one request: there (FP8
+  // D4 B1's 64 CTAs) an fp8 q's one-tile splits gained 2.5-3%, and with every SM's first tile in
+  // one burst right after the wait (D4 B2's 128 CTAs) the call was 4-6% slower (H100 and H200,
+  // perf log session 51); one request's 128 splits hold keys only as far as it reaches (a wide
+  // table's D4 B1: 64 of them, fp8-qkv -3..4%; D5 -0.5..1%; H200, session 54). The 16-bit kernel
+  // takes its tile's first part (32 KB, in L2 since the prefetch) only, and gains at every such
+  // plan: D4 B1 / B2 / B4 PDL -2.5 / -2.7 / -6%, D5 -2.4% (H200, perf log session 53). The 32-row
+  // kernels were slower with it (Sq 2 x 16 heads: 16-bit 0..1.5%, FP8 1..2.6%; session 54).
   const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
   const int cta_rows = int(std::min<int64_t>(args.rows, plan.rows_per_tile));
   const bool speculative_first_tile =
