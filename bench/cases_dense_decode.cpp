@@ -168,14 +168,17 @@ void add_dense_decode_cases(std::vector<Case>& cases) {
     for (int64_t batch : {1, 2, 4}) shapes.push_back(uniform_shape("D4", batch, 1, 16, 4096, true, pdl));
     shapes.push_back(uniform_shape("D5", 1, 1, 16, 32768, true, pdl));
   }
-  // Multi-token prediction (DeepSeek-V3's MTP: a draft token beside each new one, so Sq 2 x Hq 16
-  // = 32 rows, the narrow kernels' second row count): D4's and D5's latency with PDL, and D2's
-  // lengths at a batch whose CTAs still leave SMs idle. Not PERF.md cases: "D4 Sq=2 Hq=16 B=1 pdl"
-  // (a filter for "D4 Hq=16" leaves them out).
+  // Multi-token prediction (DeepSeek-V3's MTP: draft tokens beside each new one, so Sq 2 x Hq 16
+  // = 32 rows, the narrow kernels' second row count, or Sq 4: 64 rows): D4's and D5's latency
+  // with PDL, and D2's lengths at a batch whose CTAs still leave SMs idle (decode_plan.h
+  // latency_row_tiles). Not PERF.md cases: "D4 Sq=2 Hq=16 B=1 pdl" (a filter for "D4 Hq=16"
+  // leaves them out).
   for (DecodeShape shape :
        {uniform_shape("D4", 1, 2, 16, 4096, true, true), uniform_shape("D4", 2, 2, 16, 4096, true, true),
-        uniform_shape("D5", 1, 2, 16, 32768, true, true), uniform_shape("D2", 32, 2, 16, 8192)}) {
-    shape.name.insert(2, " Sq=2");
+        uniform_shape("D5", 1, 2, 16, 32768, true, true), uniform_shape("D2", 32, 2, 16, 8192),
+        uniform_shape("D4", 1, 4, 16, 4096, true, true), uniform_shape("D4", 2, 4, 16, 4096, true, true),
+        uniform_shape("D4", 4, 4, 16, 4096, true, true)}) {
+    shape.name.insert(2, shape.query_tokens == 4 ? " Sq=4" : " Sq=2");
     shapes.push_back(shape);
   }
   // The cases above size the block table to the longest request, which bounds the lengths

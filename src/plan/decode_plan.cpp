@@ -57,7 +57,9 @@ DenseDecodePlan bound_decode_splits(DenseDecodePlan plan, int64_t max_seq_len, i
 
 DenseDecodePlan latency_row_tiles(const DenseDecodePlan& plan, int64_t batch, int64_t rows, int64_t length_bound,
                                   int sm_count, int64_t max_tiles_per_cta) {
-  if (plan.balanced || rows <= kDecodeLatencyRowsPerTile || rows > kDecodeNarrowRows || length_bound <= 0) return plan;
+  if (plan.balanced || rows <= kDecodeLatencyRowsPerTile || rows > kDecodeRowsPerTile || length_bound <= 0) {
+    return plan;
+  }
   DenseDecodePlan cut;
   cut.rows_per_tile = kDecodeLatencyRowsPerTile;
   cut.row_tiles = (rows + kDecodeLatencyRowsPerTile - 1) / kDecodeLatencyRowsPerTile;

@@ -22,7 +22,6 @@ constexpr int64_t kMaxDecodeSplits = 128;
 constexpr int64_t kDecodeRowsPerTile = 64;
 // Rows per CTA of latency_row_tiles (below).
 constexpr int64_t kDecodeLatencyRowsPerTile = 16;
-constexpr int64_t kDecodeNarrowRows = 32;  // the narrow kernels' rows (at most one row tile)
 
 // Balanced plans. When the requests alone fill the GPU (one split is the best uniform plan),
 // the grid still has kBalancedSplits splits per request, and the device decides per request,
@@ -77,13 +76,14 @@ DenseDecodePlan bound_decode_splits(DenseDecodePlan plan, int64_t max_seq_len, i
 // for its longest context bounds little.
 int64_t decode_length_bound(int64_t max_seq_len, int64_t table_columns, int64_t page_size);
 
-// 17..32 rows (multi-token prediction: Sq 2 x 16 heads) in two row tiles of 16, where one wave
-// of them still splits every request in two or more (B <= 33 on 132 SMs) and the length bound
-// (decode_length_bound) gives each CTA at most max_tiles_per_cta key tiles; else `plan` (bounded,
-// bound_decode_splits). Each CTA's chain is the 16-row narrow kernel's, much shorter than the
-// 32-row one's (FP8 D4 Sq 2 B1 PDL: 13.0 -> 10.2 us; H200, perf log session 54), but the two CTAs
-// of a (request, split) each take its key tiles into their SM: a stream of many tiles a CTA
-// (D2's lengths at B 32) was 15-27% slower. Never more splits than `plan`.
+// 17..64 rows (multi-token prediction: Sq 2 or 4 x 16 heads) in row tiles of 16 (two to four),
+// where one wave of them still splits every request in two or more (B <= 33 / 16 on 132 SMs)
+// and the length bound (decode_length_bound) gives each CTA at most max_tiles_per_cta key tiles;
+// else `plan` (bounded, bound_decode_splits). Each CTA's chain is the 16-row narrow kernel's,
+// much shorter than the 32-row one's or the 64-row kernel's (D4 at Sq 2 / Sq 4, B1, PDL: FP8 13.0
+// -> 10.2 us / 17.3 -> 10.8; H200, perf log session 54), but the CTAs of a (request, split) each
+// take its key tiles into their SM: a stream of many tiles a CTA (D2's lengths at B 32, Sq 2)
+// was 15-27% slower. Never more splits than `plan`.
 DenseDecodePlan latency_row_tiles(const DenseDecodePlan& plan, int64_t batch, int64_t rows, int64_t length_bound,
                                   int sm_count, int64_t max_tiles_per_cta);
 

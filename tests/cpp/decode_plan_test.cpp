@@ -90,10 +90,10 @@ TEST(DecodePlan, RowTilesFoldTokensAndHeads) {
   EXPECT_LE(splits_for(1, 1, 1), kMaxDecodeSplits);
 }
 
-// 17..32 rows (Sq 2 x 16 heads): two row tiles of 16 where one wave of them still splits every
-// request in two or more (B <= 33 on 132 SMs) and the bound gives each at most the tiles asked;
-// else the plan as given (bounded); 16 rows and fewer, balanced plans: as given.
-TEST(DecodePlan, FewTilesOf17To32RowsTakeTwoRowTilesOf16) {
+// 17..64 rows (Sq 2 or 4 x 16 heads): row tiles of 16 where one wave of them still splits every
+// request in two or more (B <= 33 / 16 on 132 SMs) and the bound gives each at most the tiles
+// asked; else the plan as given (bounded); 16 rows and fewer, balanced plans: as given.
+TEST(DecodePlan, FewTilesOf17To64RowsTakeRowTilesOf16) {
   auto bounded = [](int64_t batch, int64_t sq, int64_t heads, int64_t bound) {
     return bound_decode_splits(plan_dense_decode(batch, sq, heads, 132), bound, 1);
   };
@@ -114,6 +114,12 @@ TEST(DecodePlan, FewTilesOf17To32RowsTakeTwoRowTilesOf16) {
   EXPECT_EQ(more.rows_per_tile, kDecodeRowsPerTile);
   EXPECT_EQ(more.row_tiles, 1);
   EXPECT_EQ(more.splits, 3);  // the bound's 3 tiles
+  const DenseDecodePlan four = latency_row_tiles(bounded(2, 4, 16, 4096), 2, 64, 4096, 132, 4);
+  EXPECT_EQ(four.row_tiles, 4);
+  EXPECT_EQ(four.splits, 16);  // 4 tiles each
+  EXPECT_EQ(latency_row_tiles(bounded(2, 4, 16, 4096), 2, 64, 4096, 132, 3).row_tiles, 1);
+  EXPECT_EQ(latency_row_tiles(bounded(17, 4, 16, 140), 17, 64, 140, 132, 8).row_tiles, 1);  // 68 CTAs
+  EXPECT_EQ(latency_row_tiles(bounded(1, 8, 16, 4096), 1, 128, 4096, 132, 8).rows_per_tile, kDecodeRowsPerTile);
   const DenseDecodePlan sixteen = latency_row_tiles(bounded(1, 1, 16, 4096), 1, 16, 4096, 132, 8);
   EXPECT_EQ(sixteen.row_tiles, 1);
   EXPECT_EQ(sixteen.splits, 64);

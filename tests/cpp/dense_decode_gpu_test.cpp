@@ -589,8 +589,11 @@ const DecodeCase kCoveringCases[] = {
     // own_softmax) both lags the maximum (p up to 2^8 in fp16) and moves well into a sequence;
     // and S's e4m3 accumulation error (~1e-3 of |S|) is scaled up with the logits, in every FP8
     // kernel: the 64-row one with a bf16 q and with an fp8 q, the narrow one (32 rows).
+    // (Two requests of Sq 4 x 16 heads: four row tiles of 16, the narrow kernel; 17: 64 rows.)
     with({2, 4, 16, 4096, 32, true, true, kBf16, kFp8}, [](DecodeCase& c) { c.softmax_scale = 2.0f; }),
     with({2, 4, 16, 4096, 32, true, true, kFp8, kFp8}, [](DecodeCase& c) { c.softmax_scale = 2.0f; }),
+    with({17, 4, 16, 1000, 32, true, true, kBf16, kFp8}, [](DecodeCase& c) { c.softmax_scale = 2.0f; }),
+    with({17, 4, 16, 1000, 32, true, true, kFp8, kFp8}, [](DecodeCase& c) { c.softmax_scale = 2.0f; }),
     with({2, 2, 16, 4096, 32, true, true, kBf16, kFp8}, [](DecodeCase& c) { c.softmax_scale = 2.0f; }),
     {4, 2, 64, 4096, 32, false, true, kFp8, kFp8},
     with({2, 2, 64, 4096, 64, true, true, kFp8, kFp8}, [](DecodeCase& c) { c.padded_cache = true; }),
@@ -694,10 +697,13 @@ TEST(DenseDecodeGpuEdges, NanQueryRowStaysNanAcrossSplits) {
                                                  [](DecodeCase& c) { c.query_magnitude = 1e5; });
   const DecodeCase huge_query_fp8_32_rows = with({1, 1, 32, 4096, 64, false, false, DType::kBFloat16, DType::kFloat8E4M3},
                                                  [](DecodeCase& c) { c.query_magnitude = 1e5; });
+  // A table of 64 + 2 columns gives 32 and 64 rows two and four row tiles of 16 (the narrow
+  // kernel: decode_plan.h latency_row_tiles); one of 1024 the 32- and 64-row kernels.
+  for (const int64_t table_width : {int64_t(0), int64_t(1024)})
   for (const DecodeCase& c : {DecodeCase{1, 1, 16, 4096, 64, false, false}, DecodeCase{1, 1, 64, 4096, 64, false, false},
                               huge_query_fp8, huge_query_fp8_16_rows, huge_query_fp8_32_rows}) {
-    SCOPED_TRACE(case_name(c));
-    DecodeInputs inputs = make_inputs(c, {4096}, rng);
+    SCOPED_TRACE(case_name(c) + " table width " + std::to_string(table_width));
+    DecodeInputs inputs = make_inputs(c, {4096}, rng, table_width);
     constexpr int64_t kNanHead = 3;
     const float poison = c.kv_dtype == DType::kFloat8E4M3 ? INFINITY : NAN;
     for (int64_t d = 0; d < kDim; ++d) inputs.q_buffer.set(kNanHead * kDim + d, poison);

@@ -134,7 +134,7 @@ void launch_split(const KeyMaps& maps, const SplitArgs& args, dim3 grid, int cta
       }
     }
   };
-  if (uses_narrow_kernel(args.rows)) {
+  if (uses_narrow_kernel(cta_rows)) {
     if (cta_rows <= 16) {
       launch_narrow(std::integral_constant<int, 16>{});
     } else {
@@ -177,11 +177,14 @@ void dense_decode(const DenseDecodeParams& params) {
   const int64_t length_bound = decode_length_bound(params.max_seq_len, params.block_table.size(1), cache.size(1));
   const DenseDecodePlan bounded = bound_decode_splits(plan_dense_decode(batch, query_tokens, heads, sm_count),
                                                       length_bound, may_halve_values ? 2 : 1);
-  // 17..32 rows in two CTAs of 16 where those get few key tiles each: up to 8 with an FP8 cache
-  // (D5's 32K keys at Sq 2: 8 a CTA, 11% faster than 32 rows in 4), up to 2 with a 16-bit one
-  // (the same 8 were 3% slower; D4's one or two 10-12% faster; H200, perf log session 54).
+  // 17..64 rows in CTAs of 16 where those get few key tiles each (decode_plan.h). With an FP8
+  // cache up to 8 (D5's 32K keys at Sq 2: 8 a CTA, 11% faster than 32 rows in 4; D4 Sq 4 B4: 16%
+  // faster than the 64-row kernel's 2); with a 16-bit one up to 2 for 17..32 rows (D5 Sq 2's 8
+  // were 3% slower than 32 rows in 4; D4's one or two 10-12% faster) and 4 for 33..64 (D4 Sq 4 B2:
+  // 27% faster than the 64-row kernel's 1; its B4's 8 not tried). H200, perf log session 54.
   const DenseDecodePlan plan =
-      latency_row_tiles(bounded, batch, query_tokens * heads, length_bound, sm_count, fp8_cache ? 8 : 2);
+      latency_row_tiles(bounded, batch, query_tokens * heads, length_bound, sm_count,
+                        fp8_cache ? 8 : query_tokens * heads > kNarrowRows ? 4 : 2);
 
   SplitArgs args{};
   args.q = q.ptr<const uint8_t>();
@@ -257,7 +260,7 @@ void dense_decode(const DenseDecodeParams& params) {
   const cudaStream_t stream = as_cuda_stream(params.stream);
   // Pages of 16 tokens: the 64-row kernel's 16-bit tiles in two parts (fewer TMA boxes;
   // key_tiles.cuh SmallPageKeyTileParts).
-  const bool small_page_tiles = !fp8_cache && !uses_narrow_kernel(args.rows) && cache.size(1) <= kSmallPageTokens;
+  const bool small_page_tiles = !fp8_cache && !uses_narrow_kernel(cta_rows) && cache.size(1) <= kSmallPageTokens;
   const KeyMaps maps = make_key_maps(
       cache, small_page_tiles ? SmallPageKeyTileParts::blocks_in(0) : KeyTileParts::blocks_in(0));
   if (half) {

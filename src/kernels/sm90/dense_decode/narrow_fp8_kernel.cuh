@@ -43,7 +43,9 @@
 // straight from its accumulators, and stages the bf16 output's normalised rows (dims in the
 // fragments' order, transposed_value_dim, restored here) in the free key stages to store them
 // row-contiguously.
-// Limits: Sq * Hq <= 32, FP8 E4M3 cache, q bf16 (as e4m3 parts) or e4m3 (an fp16 q takes an fp16 cache only).
+// Row tiles as narrow_kernel.cuh's (one of <= 32 rows, or 16-row tiles of up to 64).
+// Limits: tiles of 16 or 32 rows, FP8 E4M3 cache, q bf16 (as e4m3 parts) or e4m3 (an fp16 q
+// takes an fp16 cache only).
 #pragma once
 
 #include "kernels/sm90/dense_decode/fp8_tiles.cuh"

@@ -35,7 +35,9 @@
 // Value halves (16 rows; split_common.cuh key_range_of): where a request has at most half as many
 // tiles as the grid has splits (D4 B1), two CTAs take each tile, both computing S^T and the
 // softmax, each O^T and the partial stores for 256 of the 512 value dims.
-// Limits: Sq * Hq <= 32 (tiles of 16 or 32 rows), bf16 / fp16 q and cache.
+// Row tiles (blockIdx.x): one of Sq * Hq <= 32 rows, or 16-row tiles of up to 64 rows where the
+// plan cuts a request's rows so for latency (decode_plan.h latency_row_tiles).
+// Limits: tiles of 16 or 32 rows, bf16 / fp16 q and cache.
 #pragma once
 
 #include "kernels/generic/convert.cuh"
@@ -49,8 +51,7 @@ constexpr int kNarrowGroupThreads = 128;  // one consumer warpgroup
 // The launcher's choice of kernel. 32 rows are
 // Sq 2 x 16 heads (speculative decoding at tensor parallelism 8) or 32 heads.
 __host__ __device__ constexpr bool uses_narrow_kernel(int rows) { return rows <= kNarrowRows; }
-static_assert(kNarrowRows == kDecodeNarrowRows && kDecodeLatencyRowsPerTile == 16,
-              "the plan's narrow row tiles (decode_plan.h) are these kernels' 32 and 16 rows");
+static_assert(kDecodeLatencyRowsPerTile == 16, "the plan's latency row tiles (decode_plan.h) are 16-row CTAs");
 
 template <int kRows>
 struct NarrowLayout {
