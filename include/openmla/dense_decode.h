@@ -13,7 +13,10 @@
 // dtype: up to ~2e-3 relative on the output and ~2e-3 (1 + |LSE|) on the LSE beyond the error
 // of the fp8 inputs themselves. The tests allow 1e-2 and 3e-3, also with logits of ~60 and
 // values that add up coherently over long splits (where an output product on FP8 tensor cores,
-// which an earlier kernel used for an fp8 q, drifted by 3.5-41%).
+// which an earlier kernel used for an fp8 q, drifted by 3.5-41%). Known exception: with logits
+// near 100 (softmax_scale 2 in the tests), the kernel for more than 32 rows a CTA (Sq x Hq > 32,
+// unless cut into CTAs of 16 for latency) has read LSE errors up to 5.8e-3 (1 + |LSE|) and a row
+// 0.032 (its S adds 2 segments of 9 e4m3 steps; the narrow kernels' 3 of 6).
 #pragma once
 
 #include "openmla/common.h"
@@ -52,7 +55,9 @@ struct DenseDecodeParams {
   // launches no split that would get no keys (D4 B1 with an FP8 cache: 64 splits of one tile
   // instead of 128, half of them empty). Only a launch hint: each split's keys still come from
   // seq_lens on the device, so a request longer than the bound is computed correctly, in fewer,
-  // longer splits. The workspace query does not use it. The block table's capacity
+  // longer splits. With 17..64 query rows a request (Sq 2-4 x 16 heads), a bound that gives each
+  // split few key tiles also runs the rows as CTAs of 16 (faster at small batch: D4 Sq 2 B1 with
+  // an FP8 cache 13.0 -> 10.1 us on an H200). The workspace query does not use it. The block table's capacity
   // (max_pages * page_size, which bounds seq_lens by contract) is always taken as a bound too,
   // so a table sized to the longest request needs no max_seq_len.
   int64_t max_seq_len = 0;

@@ -65,11 +65,14 @@ def mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal=False, 
     max_seq_len: optional bound on seq_lens (0: none). Short requests at small batch then
     launch no split that would get no keys (faster); a longer request is still computed
     correctly, only in fewer, longer splits. A CUDA graph captured with a bound replays
-    correctly with any lengths. The block table's capacity (max_pages * page_size) bounds
-    the lengths too, so a table sized to the longest request needs no max_seq_len.
+    correctly with any lengths. With 17..64 query rows a request (Sq 2-4 x 16 heads) a bound
+    that gives each split few key tiles also runs the rows as CTAs of 16 (faster at small
+    batch). The block table's capacity (max_pages * page_size) bounds the lengths too, so a
+    table sized to the longest request needs no max_seq_len.
     Precision with an fp8 cache (bf16 or fp8 q): S on FP8 tensor cores (a bf16 q as two e4m3
     parts), P V in fp16 with fp32 accumulation: up to ~2e-3 relative on the output and ~2e-3
-    (1 + |LSE|) on the LSE beyond the fp8 inputs' own error (include/openmla/dense_decode.h).
+    (1 + |LSE|) on the LSE beyond the fp8 inputs' own error; more (up to ~6e-3) with logits
+    near 100 at more than 32 rows a CTA (include/openmla/dense_decode.h).
     Returns out [B, Sq, Hq, 512] bf16, and lse [B, Sq, Hq] with return_lse.
     """
     if out is None:
