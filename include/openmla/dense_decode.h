@@ -57,9 +57,9 @@ struct DenseDecodeParams {
   // seq_lens on the device, so a request longer than the bound is computed correctly, in fewer,
   // longer splits. With 17..64 query rows a request (Sq 2-4 x 16 heads), a bound that gives each
   // split few key tiles also runs the rows as CTAs of 16 (faster at small batch: D4 Sq 2 B1 with
-  // an FP8 cache 13.0 -> 10.1 us on an H200). The workspace query does not use it. The block table's capacity
-  // (max_pages * page_size, which bounds seq_lens by contract) is always taken as a bound too,
-  // so a table sized to the longest request needs no max_seq_len.
+  // an FP8 cache 13.0 -> 10.1 us on an H200). The workspace query does not use it. The block
+  // table's capacity (max_pages * page_size, which bounds seq_lens by contract) is always taken
+  // as a bound too, so a table sized to the longest request needs no max_seq_len.
   int64_t max_seq_len = 0;
 };
 

@@ -10,35 +10,26 @@
 
 namespace openmla {
 
-namespace {
-
-// The kernels run one CTA per SM, so s splits take ceil(ctas * s / sms) waves of 1/s of the
-// work each. Each split also costs a partial output, a share of the combine step and a CTA's
-// fixed cost: 2% per split, so that s grows only for a real gain (e.g. 67 CTAs on 132 SMs:
-// 7 splits, 0.89 of the GPU busy instead of 0.51; 128 CTAs: 1 split).
-int64_t uniform_splits(int64_t ctas, int64_t sms) {
-  int64_t best_splits = 1;
+DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t heads,
+                                  int sm_count) {
+  DenseDecodePlan plan;
+  const int64_t rows = query_tokens * heads;
+  plan.row_tiles = (rows + kDecodeRowsPerTile - 1) / kDecodeRowsPerTile;
+  const int64_t ctas = std::max<int64_t>(1, batch * plan.row_tiles);
+  const int64_t sms = std::max(sm_count, 1);
+  // The kernels run one CTA per SM, so s splits take ceil(ctas * s / sms) waves of 1/s of the
+  // work each. Each split also costs a partial output, a share of the combine step and a CTA's
+  // fixed cost: 2% per split, so that s grows only for a real gain (e.g. 67 CTAs on 132 SMs:
+  // 7 splits, 0.89 of the GPU busy instead of 0.51; 128 CTAs: 1 split).
   double best_cost = 0;
   for (int64_t splits = 1; splits <= kMaxDecodeSplits; ++splits) {
     const double waves = double((ctas * splits + sms - 1) / sms);
     const double cost = waves / double(splits) * (1.0 + 0.02 * double(splits - 1));
     if (splits == 1 || cost < best_cost) {
       best_cost = cost;
-      best_splits = splits;
+      plan.splits = splits;
     }
   }
-  return best_splits;
-}
-
-}  // namespace
-
-DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t heads,
-                                  int sm_count) {
-  DenseDecodePlan plan;
-  const int64_t rows = query_tokens * heads;
-  const int64_t sms = std::max(sm_count, 1);
-  plan.row_tiles = (rows + kDecodeRowsPerTile - 1) / kDecodeRowsPerTile;
-  plan.splits = uniform_splits(std::max<int64_t>(1, batch * plan.row_tiles), sms);
   if (plan.splits == 1 && batch >= 2 && batch <= kMaxBalancedBatch &&
       batch * query_tokens * heads <= kMaxBalancedRows) {
     plan.splits = kBalancedSplits;

@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   // The parity of the phase that tile t completes on a barrier of its buffer (t % 2).
   auto phase_of = [](int tile) { return (tile / 2) % 2; };
 
-  // One row tile of kRows (two of 16 where a plan cuts 17..32 rows so: decode_plan.h).
+  // One row tile of kRows (or of 16 among two to four: decode_plan.h latency_row_tiles).
   const int first_row = int(blockIdx.x) * kRows, rows_here = min(kRows, args.rows - first_row);
   EarlyPages early;
   const CtaWork work =

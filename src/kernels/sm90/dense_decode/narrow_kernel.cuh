@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   uint64_t* speculative_landed = kSpeculative ? empty + Layout::kStages : nullptr;
   uint8_t* stages = shared + Layout::kKeys;
 
-  // One row tile of kRows (two of 16 where a plan cuts 17..32 rows so: decode_plan.h).
+  // One row tile of kRows (or of 16 among two to four: decode_plan.h latency_row_tiles).
   const int first_row = int(blockIdx.x) * kRows, rows_here = min(kRows, args.rows - first_row);
   constexpr bool kMayHalve = kRows == 16;  // value halves (split_common.cuh key_range_of): D4, D5
   EarlyPages early;
