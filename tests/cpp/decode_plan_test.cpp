@@ -126,5 +126,37 @@ TEST(DecodePlan, FewTilesOf17To64RowsTakeRowTilesOf16) {
   EXPECT_TRUE(latency_row_tiles(plan_dense_decode(128, 2, 16, 132), 128, 32, 4096, 132, 8).balanced);
 }
 
+// The workspace is sized from the shape's plan (decode_workspace_bytes): a launch's plan, bounded
+// and cut into row tiles, never has more splits; its row tiles cover the rows; a cut plan is one
+// wave of at least two splits a request.
+TEST(DecodePlan, RowTilesNeverOutgrowTheWorkspacesPlan) {
+  constexpr int64_t kBounds[] = {1, 64, 1000, 4096, 32768, 163840};
+  for (int64_t batch = 1; batch <= 70; ++batch) {
+    for (const int64_t query_tokens : {1, 2, 3, 4, 8}) {
+      for (const int64_t heads : {1, 3, 8, 16, 20, 32, 64}) {
+        const int64_t rows = query_tokens * heads;
+        const DenseDecodePlan shaped = plan_dense_decode(batch, query_tokens, heads, 132);
+        for (const int64_t bound : kBounds) {
+          for (const int64_t max_tiles : {2, 4, 8}) {
+            const DenseDecodePlan plan =
+                latency_row_tiles(bound_decode_splits(shaped, bound, 1), batch, rows, bound, 132, max_tiles);
+            SCOPED_TRACE(::testing::Message() << "B " << batch << " Sq " << query_tokens << " Hq " << heads
+                                              << " bound " << bound << " max tiles " << max_tiles);
+            EXPECT_LE(plan.splits, shaped.splits);
+            EXPECT_GE(plan.row_tiles * plan.rows_per_tile, rows);
+            EXPECT_LT((plan.row_tiles - 1) * plan.rows_per_tile, rows);
+            if (plan.rows_per_tile == kDecodeLatencyRowsPerTile) {
+              EXPECT_TRUE(rows > kDecodeLatencyRowsPerTile && rows <= kDecodeRowsPerTile);
+              EXPECT_LE(batch * plan.row_tiles * plan.splits, 132);
+              EXPECT_GE(plan.splits, 2);
+              EXPECT_FALSE(plan.balanced);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace openmla
