@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
@@ -77,10 +78,12 @@ inline void HostTensor::set(int64_t i, double value) {
 }
 
 // Fresh random inputs for every test (never zeros): the seed comes from the test's name so
-// that a failure reproduces, while different tests see different data.
+// that a failure reproduces, while different tests see different data. OPENMLA_TEST_SEED, where
+// set, is mixed in: other draws of the same cases (the margins of a tolerance over many draws).
 inline std::mt19937_64 make_rng() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "none";
+  if (const char* seed = std::getenv("OPENMLA_TEST_SEED")) name += std::string("#") + seed;
   return std::mt19937_64(std::hash<std::string>{}(name));
 }
 

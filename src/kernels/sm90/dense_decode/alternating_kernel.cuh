@@ -42,8 +42,9 @@
 // (m64n64k32) from Q's e4m3 lines (an fp8 q as it is, its first 256 dims from the score
 // warpgroup's registers; a bf16 q as high and low e4m3 parts with a power-of-two factor per row:
 // fp8_tiles.cuh load_e4m3_query_rows) and the raw tile (36 KB, 128-dim boxes) as it landed, in
-// two segments added in fp32; the output runs transposed in fp16, O^T += V^T P^T (4 M tiles of
-// m64n64k16 per warpgroup and k step), V^T's fragments widened exactly in registers from the raw
+// segments added in fp32 (three with a bf16 q, two with an fp8 q); the output runs transposed
+// in fp16, O^T += V^T P^T (4 M tiles of m64n64k16 per warpgroup and k step), V^T's fragments
+// widened exactly in registers from the raw
 // tile (fp8_fragments.cuh WideValueFragments), P^T read as the softmax stored it; four (fp8 q) or
 // three (bf16 q) raw stages of 40 KB, each released once both output warpgroups have its
 // fragments. Registers: ScoreRoles. History (H100 cycles, perf log): no widening producer, -30%
@@ -308,23 +309,42 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       // S = Q K^T on e4m3 wgmma (m64n64k32, 18 k steps) straight from the raw tile, in
       // kScoreSegments segments of steps, each accumulated afresh and added in fp32: e4m3 wgmma
       // adds each step to its accumulator at reduced precision (~13 bits), and one chain of 18
-      // steps moved the narrow kernel's LSEs by up to 8e-4 (1 + |LSE|).
+      // steps moved the narrow kernel's LSEs by up to 8e-4 (1 + |LSE|). Three segments of 6
+      // for a bf16 q, two of 9 for an fp8 q. With logits near 100 (H200, perf log session 55)
+      // two segments left rows off by up to 2.7% (bf16 q) and 4.5% (fp8 q), three 2.4%, at
+      // +0.2..1.3% of the kernel's time with a bf16 q (D1 / D2 / D3) but +4..6% with an fp8 q,
+      // whose own e4m3 rounding (2^-4 of each element) moves such logits far more than S's
+      // accumulation does.
       uint8_t* keys = raw_tile(tile);
       wait_for_raw_tile(tile);
       const uint64_t fp8_query_descriptor = make_descriptor_64b(query, 512);
       const uint64_t key_descriptor = make_descriptor(keys, 16, RawTileParts::group_stride(0));  // (wide_raw_offset)
       const int rope_first_dim = raw_rope_first_dim(args.page_shift);
-      constexpr int kScoreSegments = 2, kSegmentSteps = kHeadDim / 32 / kScoreSegments;
+      constexpr int kScoreSegments = kSplitQuery ? 3 : 2, kSegmentSteps = kHeadDim / 32 / kScoreSegments;
       static_assert(kSegmentSteps * kScoreSegments * 32 == kHeadDim, "whole segments");
       // A bf16 q's low parts (lines 64..127 of each block, ~2^-4 of the high parts) go into the
       // same accumulators, each segment's low steps first: an add loses bits relative to the
       // accumulator's magnitude, which is still small while they go in, so the error stays that
-      // of the 9 high steps (interleaved, high and low, one C++ case's LSE was off by 3.1e-3).
+      // of the segment's high steps (interleaved, high and low, one C++ case's LSE was off by 3.1e-3).
       constexpr int kParts = kSplitQuery ? 2 : 1;
+      // Segments 1, 2, ... share later_segment: each one's sum is added in before the next
+      // starts (a drain of the wgmma chain, where a third array of 32 accumulators would spill).
       float later_segment[32];
+      auto add_later_segment = [&]() {
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(scores);
+        fence_accumulators(later_segment);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) scores[i] += later_segment[i];
+      };
       wgmma_fence();
 #pragma unroll
       for (int segment = 0; segment < kScoreSegments; ++segment) {
+        if (segment >= 2) {
+          add_later_segment();
+          wgmma_fence();
+        }
         float(&terms)[32] = segment == 0 ? scores : later_segment;
 #pragma unroll
         for (int part = kParts - 1; part >= 0; --part) {
@@ -344,12 +364,7 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
           }
         }
       }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_accumulators(scores);
-      fence_accumulators(later_segment);
-#pragma unroll
-      for (int i = 0; i < 32; ++i) scores[i] += later_segment[i];
+      add_later_segment();
       // Slots past the sequence end: S's mask drops whatever they hold; the output warpgroups' V^T
       // fragments (after the publish handoff) must read zeros.
       if (valid < kTileKeys) {

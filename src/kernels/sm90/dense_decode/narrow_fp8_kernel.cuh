@@ -18,8 +18,8 @@
 //   (128-dim boxes, 128-byte swizzle: key_tiles.cuh wide_raw_offset), B = Q's e4m3 lines (an fp8
 //   q as it is, N = kRows; a bf16 q as high and low parts, N = 2 kRows, summed after,
 //   fp8_tiles.cuh E4m3QueryRows, loaded and split by the score warpgroups: see the kernel), in
-//   3 (16 rows) or 2 (32 rows) segments of steps accumulated afresh and added in fp32 (e4m3
-//   wgmma keeps ~13 bits of each step).
+//   3 segments of steps (2 at 32 rows with an fp8 q) accumulated afresh and added in fp32
+//   (e4m3 wgmma keeps ~13 bits of each step; alternating_kernel.cuh says what they cost).
 // - softmax over keys (M): the reference is lazy (it moves only when a row maximum passes it by
 //   2^8), so a vote of the score warpgroup comes first (bar.red): only if some score passes the
 //   group's last reference by that, row maxima over the 8 lanes that share a row, then over the
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   using Layout = NarrowFp8Layout<kFp8Q, kRows>;
   constexpr int kSlots = kRows / 4;  // query rows per thread (accumulator columns)
   constexpr int kQueryLines = Layout::kQueryLines;
-  constexpr int kSegments = kRows == 16 ? 3 : 2;  // of S^T's e4m3 steps
+  constexpr int kSegments = kRows == 16 || !kFp8Q ? 3 : 2;  // of S^T's e4m3 steps (see the top)
   constexpr int kStages = Layout::kStages;
   // Named barriers: the output warpgroup (1), score warpgroup g (1 + g), both score warpgroups (4).
   constexpr int kOutputBarrier = 1, kScoresBarrier = 4;
@@ -284,7 +284,10 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       constexpr int kSegmentSteps = kHeadDim / 32 / kSegments;
       static_assert(kSegmentSteps * kSegments * 32 == kHeadDim, "whole segments");
       float scores[kRows / 2];
-      float terms[kSegments][kQueryLines / 2];
+      // An array per segment, but at 32 rows three arrays spilled (a bf16 q): segment s in
+      // terms[s % kTermArrays].
+      constexpr int kTermArrays = kRows == 16 ? kSegments : 2;
+      float terms[kTermArrays][kQueryLines / 2];
       const uint64_t key_descriptor = make_descriptor(keys, 16, RawTileParts::group_stride(0));  // (wide_raw_offset)
       const int rope_first_dim = raw_rope_first_dim(args.page_shift);
 #pragma unroll
@@ -293,17 +296,17 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
 #pragma unroll
         for (int k = 0; k < kSegmentSteps; ++k) {
           const int step = segment * kSegmentSteps + k, offset = (step % 2) * 32;
-          wgmma_lines_fp8<kQueryLines>(terms[segment],
+          wgmma_lines_fp8<kQueryLines>(terms[segment % kTermArrays],
                                        raw_key_step_descriptor(key_descriptor, step, rope_first_dim),
                                        advance_descriptor(query_descriptor, (step / 2) * (kQueryLines * 64) + offset),
                                        k > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();  // (one segment at a time: both segments' terms at once spilled)
-        fence_accumulators(terms[segment]);
+        fence_accumulators(terms[segment % kTermArrays]);
 #pragma unroll
         for (int i = 0; i < kRows / 2; ++i) {
-          const float sum = kFp8Q ? terms[segment][i] : terms[segment][i] + terms[segment][i + kRows / 2];
+          const float sum = kFp8Q ? terms[segment % kTermArrays][i] : terms[segment % kTermArrays][i] + terms[segment % kTermArrays][i + kRows / 2];
           scores[i] = segment == 0 ? sum : scores[i] + sum;
         }
       }
