@@ -70,9 +70,10 @@ def mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal=False, 
     batch). The block table's capacity (max_pages * page_size) bounds the lengths too, so a
     table sized to the longest request needs no max_seq_len.
     Precision with an fp8 cache (bf16 or fp8 q): S on FP8 tensor cores (a bf16 q as two e4m3
-    parts), P V in fp16 with fp32 accumulation: up to ~2e-3 relative on the output and ~2e-3
-    (1 + |LSE|) on the LSE beyond the fp8 inputs' own error; more (up to ~6e-3) with logits
-    near 100 at more than 32 rows a CTA (include/openmla/dense_decode.h).
+    parts), P V in fp16 with fp32 accumulation: up to ~3e-3 relative on the output and ~1e-3
+    on the LSE (against 1 + max(|LSE|, the row's logit magnitude)) beyond the fp8 inputs' own
+    error; with logits near 100 a single row up to ~2.3% off (bf16 q) or ~4.5% (fp8 q)
+    (include/openmla/dense_decode.h).
     Returns out [B, Sq, Hq, 512] bf16, and lse [B, Sq, Hq] with return_lse.
     """
     if out is None:

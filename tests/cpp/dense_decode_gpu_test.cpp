@@ -261,7 +261,7 @@ constexpr Tolerance kFp8Scores{1e-2, 3e-2, 3e-3};
 // An fp8 q with logits near 100 (softmax_scale 2): S's two segments of 9 e4m3 steps (the kernels
 // of 32 and 64 rows a CTA) leave rows off by up to 4.5% (H200, perf log session 55). A third
 // segment would cost those kernels 4-6% for precision that q's own e4m3 rounding (2^-4 of each
-// element: ~1 unit of such logits) has already lost; a bf16 q gets three (rows within 2.9%).
+// element: ~1 unit of such logits) has already lost; a bf16 q gets three (rows within 2.3%).
 constexpr Tolerance kFp8QuerySharpLogits{1e-2, 6e-2, 3e-3};
 
 // Keeps the largest error; a NaN, once seen, stays.

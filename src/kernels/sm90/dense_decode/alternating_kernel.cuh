@@ -311,10 +311,10 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       // adds each step to its accumulator at reduced precision (~13 bits), and one chain of 18
       // steps moved the narrow kernel's LSEs by up to 8e-4 (1 + |LSE|). Three segments of 6
       // for a bf16 q, two of 9 for an fp8 q. With logits near 100 (H200, perf log session 55)
-      // two segments left rows off by up to 2.7% (bf16 q) and 4.5% (fp8 q), three 2.4%, at
-      // +0.2..1.3% of the kernel's time with a bf16 q (D1 / D2 / D3) but +4..6% with an fp8 q,
-      // whose own e4m3 rounding (2^-4 of each element) moves such logits far more than S's
-      // accumulation does.
+      // two segments left single rows off by up to 2.7% (bf16 q) and 4.5% (fp8 q), three 2.1%
+      // (bf16 q), at +0.2..1.3% of the kernel's time with a bf16 q (D1 / D2 / D3) but +4..6%
+      // with an fp8 q, whose own e4m3 rounding (2^-4 of each element) moves such logits far more
+      // than S's accumulation does.
       uint8_t* keys = raw_tile(tile);
       wait_for_raw_tile(tile);
       const uint64_t fp8_query_descriptor = make_descriptor_64b(query, 512);
