@@ -431,6 +431,13 @@ TEST(DenseDecodeHarness, InputsAreHostileAndComparisonCatchesErrors) {
   DecodeResult nan_lse{copy_of(reference.out), copy_of(reference.lse)};
   nan_lse.lse.set(1, NAN);
   EXPECT_TRUE(std::isnan(compare(inputs, nan_lse, reference).worst_lse_error));
+  // Row 0's LSE off by 1% of its scale (1 + max(|LSE|, its logit magnitude)): read as 1e-2.
+  const std::vector<double> magnitudes = logit_magnitudes(inputs);
+  EXPECT_GT(magnitudes[0], 0);
+  const double lse0 = reference.lse.get(0);
+  DecodeResult off_lse{copy_of(reference.out), copy_of(reference.lse)};
+  off_lse.lse.set(0, lse0 + 1e-2 * (1 + std::max(std::fabs(lse0), magnitudes[0])));
+  EXPECT_NEAR(compare(inputs, off_lse, reference).worst_lse_error, 1e-2, 1e-5);
 }
 
 #if OPENMLA_WITH_CUDA
