@@ -181,7 +181,8 @@ void dense_decode(const DenseDecodeParams& params) {
   // cache up to 8 (D5's 32K keys at Sq 2: 8 a CTA, 11% faster than 32 rows in 4; D4 Sq 4 B4: 16%
   // faster than the 64-row kernel's 2); with a 16-bit one up to 2 for 17..32 rows (D5 Sq 2's 8
   // were 3% slower than 32 rows in 4; D4's one or two 10-12% faster) and 4 for 33..64 (D4 Sq 4 B2:
-  // 27% faster than the 64-row kernel's 1; its B4's 8 not tried). H200, perf log session 54.
+  // 27% faster than the 64-row kernel's 1; its B4's 8 3% slower, session 55). H200, perf log
+  // session 54.
   const DenseDecodePlan plan =
       latency_row_tiles(bounded, batch, query_tokens * heads, length_bound, sm_count,
                         fp8_cache ? 8 : query_tokens * heads > kNarrowRows ? 4 : 2);
