@@ -256,7 +256,7 @@ struct Tolerance {
 };
 constexpr Tolerance kHalfPrecision{1e-2, 3e-2, 1e-3};
 // S on e4m3 tensor cores (every FP8 cache): e4m3 wgmma keeps ~13 bits of each accumulation
-// step, which moves LSEs by up to ~1e-3 (1 + |LSE|) even in segments.
+// step, which moves LSEs by up to ~1e-3 of their scale (logit_magnitudes) even in segments.
 constexpr Tolerance kFp8Scores{1e-2, 3e-2, 3e-3};
 // An fp8 q with logits near 100 (softmax_scale 2): S's two segments of 9 e4m3 steps (the kernels
 // of 32 and 64 rows a CTA) leave rows off by up to 4.5% (H200, perf log session 55). A third

@@ -44,8 +44,8 @@
 // fp8_tiles.cuh load_e4m3_query_rows) and the raw tile (36 KB, 128-dim boxes) as it landed, in
 // segments added in fp32 (three with a bf16 q, two with an fp8 q); the output runs transposed
 // in fp16, O^T += V^T P^T (4 M tiles of m64n64k16 per warpgroup and k step), V^T's fragments
-// widened exactly in registers from the raw
-// tile (fp8_fragments.cuh WideValueFragments), P^T read as the softmax stored it; four (fp8 q) or
+// widened exactly in registers from the raw tile (fp8_fragments.cuh WideValueFragments), P^T
+// read as the softmax stored it; four (fp8 q) or
 // three (bf16 q) raw stages of 40 KB, each released once both output warpgroups have its
 // fragments. Registers: ScoreRoles. History (H100 cycles, perf log): no widening producer, -30%
 // (fp8 q) and -13..14% (bf16 q) in session 24; the split roles instead of turns, -9..11% (fp8 q,
@@ -325,7 +325,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
       // A bf16 q's low parts (lines 64..127 of each block, ~2^-4 of the high parts) go into the
       // same accumulators, each segment's low steps first: an add loses bits relative to the
       // accumulator's magnitude, which is still small while they go in, so the error stays that
-      // of the segment's high steps (interleaved, high and low, one C++ case's LSE was off by 3.1e-3).
+      // of the segment's high steps (interleaved, high and low, one C++ case's LSE was off by
+      // 3.1e-3).
       constexpr int kParts = kSplitQuery ? 2 : 1;
       // Segments 1, 2, ... share later_segment: each one's sum is added in before the next
       // starts (a drain of the wgmma chain, where a third array of 32 accumulators would spill).

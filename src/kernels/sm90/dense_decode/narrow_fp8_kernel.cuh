@@ -303,10 +303,11 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
         }
         wgmma_commit();
         wgmma_wait<0>();  // (one segment at a time: both segments' terms at once spilled)
-        fence_accumulators(terms[segment % kTermArrays]);
+        float(&segment_terms)[kQueryLines / 2] = terms[segment % kTermArrays];
+        fence_accumulators(segment_terms);
 #pragma unroll
         for (int i = 0; i < kRows / 2; ++i) {
-          const float sum = kFp8Q ? terms[segment % kTermArrays][i] : terms[segment % kTermArrays][i] + terms[segment % kTermArrays][i + kRows / 2];
+          const float sum = kFp8Q ? segment_terms[i] : segment_terms[i] + segment_terms[i + kRows / 2];
           scores[i] = segment == 0 ? sum : scores[i] + sum;
         }
       }
