@@ -70,7 +70,7 @@ def mla_decode(q, kv_cache, block_table, seq_lens, softmax_scale, causal=False, 
     batch). The block table's capacity (max_pages * page_size) bounds the lengths too, so a
     table sized to the longest request needs no max_seq_len.
     Precision with an fp8 cache (bf16 or fp8 q): S on FP8 tensor cores (a bf16 q as two e4m3
-    parts), P V in fp16 with fp32 accumulation: up to ~3e-3 relative on the output and ~1e-3
+    parts), P V in fp16 with fp32 accumulation: up to ~3e-3 relative on the output and ~1.3e-3
     on the LSE (against 1 + max(|LSE|, the row's logit magnitude)) beyond the fp8 inputs' own
     error; with logits near 100 a single row up to ~2.3% off (bf16 q) or ~4.5% (fp8 q)
     (include/openmla/dense_decode.h).
