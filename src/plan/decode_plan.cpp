@@ -9,6 +9,15 @@
 #endif
 
 namespace openmla {
+namespace {
+
+// Key tiles (kDecodeMinKeysPerSplit keys each, the least a split takes) that `keys` keys fill;
+// without the (keys + 63) / 64 form's overflow for a bound near INT64_MAX.
+int64_t key_tiles_in(int64_t keys) {
+  return keys / kDecodeMinKeysPerSplit + (keys % kDecodeMinKeysPerSplit != 0);
+}
+
+}  // namespace
 
 DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t heads,
                                   int sm_count) {
@@ -40,7 +49,7 @@ DenseDecodePlan plan_dense_decode(int64_t batch, int64_t query_tokens, int64_t h
 
 DenseDecodePlan bound_decode_splits(DenseDecodePlan plan, int64_t max_seq_len, int64_t splits_per_tile) {
   if (max_seq_len <= 0 || plan.balanced) return plan;
-  const int64_t tiles = max_seq_len / kDecodeMinKeysPerSplit + (max_seq_len % kDecodeMinKeysPerSplit != 0);
+  const int64_t tiles = key_tiles_in(max_seq_len);
   if (tiles >= plan.splits) return plan;  // (and the product below cannot overflow)
   plan.splits = std::max<int64_t>(1, std::min(plan.splits, tiles * std::max<int64_t>(1, splits_per_tile)));
   return plan;
@@ -58,7 +67,7 @@ DenseDecodePlan latency_row_tiles(const DenseDecodePlan& plan, int64_t batch, in
   cut.splits = std::min(plan.splits, std::max<int64_t>(1, sm_count) / std::max<int64_t>(1, batch * cut.row_tiles));
   if (cut.splits < 2) return plan;
   cut = bound_decode_splits(cut, length_bound, 1);
-  const int64_t tiles = length_bound / kDecodeMinKeysPerSplit + (length_bound % kDecodeMinKeysPerSplit != 0);
+  const int64_t tiles = key_tiles_in(length_bound);
   return (tiles + cut.splits - 1) / cut.splits <= max_tiles_per_cta ? cut : plan;
 }
 
