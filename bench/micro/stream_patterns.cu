@@ -16,12 +16,21 @@
 // roadmap's question "does the narrow kernels' stream lose in the TMA's access pattern?" (perf
 // log, session 32); built with everything so that it keeps compiling.
 // `openmla-stream-patterns schedules` runs only the second part (perf log, session 35): the boxes
-// loader under two schedules, with each CTA's start and end (globaltimer) summarised:
+// loader under three schedules, with each CTA's start and end (globaltimer) summarised:
 //   static   one CTA per request, as the split kernels run D2 (128 CTAs, 4 SMs idle)
 //   dynamic  one CTA per SM; every CTA claims chunks of a request's tiles from one global counter
 //            (atomicAdd, one chunk claimed ahead) until none is left, so that an SM that streams
 //            faster takes more chunks. The bound on what a work-stealing split kernel could gain
 //            where CTAs of one schedule end unevenly (no math: switching requests costs nothing here).
+//   balanced one CTA per SM, each a contiguous, equal share of all requests' tiles (FlashMLA's
+//            static schedule: shares cross requests); equal bytes per SM, no claims, so it shows
+//            whether the SMs' unequal bandwidth shares or the 4 idle SMs hold the static one.
+// `openmla-stream-patterns relayout` runs only the fourth part (perf log, session 56): each page
+// as one bulk copy (part one's fastest loader) re-laid out in place into the 128-byte-swizzled
+// blocks that the kernels' wgmma read (a converter warpgroup: every 16-byte chunk of the tile
+// into registers, a barrier, each chunk to its swizzled place), then held by the consumer warp;
+// against the TMA boxes and the bare page copy in the same run. Whether the pages' DRAM pattern
+// keeps its rate once a re-layout sits in every stage's cycle.
 // `openmla-stream-patterns pages` runs only the third part (perf log, session 42): whole pages
 // of 16 to 256 tokens in a random order, each 64-key tile as contiguous bulk copies of its
 // pages (4 of 9 KB at FP8 pages of 16), with the split kernels' stages. Whether the DRAM
@@ -73,7 +82,7 @@ struct StreamArgs {
   int hold_cycles;              // how long the consumer keeps each stage before releasing it (the math)
   int prefetch_ahead;           // kBoxesPrefetched: tile t + this is prefetched to L2 before tile t's boxes
   int* work_counter;            // the dynamic schedule's next chunk (zeroed before each launch)
-  int chunk_tiles;              // tiles a claim takes
+  int chunk_tiles;              // tiles a claim takes; 0: the balanced schedule's equal shares
   unsigned long long* spans;    // [CTA][2]: globaltimer at the start and the end
   int page_tokens;              // page_size_stream_kernel: tokens a page (the other kernels: kPageTokens)
 };
@@ -190,7 +199,21 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_stream_kernel(const __gri
   __shared__ int stage_tile[8];
   init_stages(full, empty, args);
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && args.chunk_tiles == 0) {  // balanced: tiles [first, last) of all requests'
+    const int tiles = kRequests * kPages;
+    const int first = int(int64_t(tiles) * blockIdx.x / gridDim.x), last = int(int64_t(tiles) * (blockIdx.x + 1) / gridDim.x);
+    for (int tile = 0;; ++tile) {
+      const int stage = tile % args.stages;
+      if (tile >= args.stages) sm90::mbarrier_wait(&empty[stage], (tile / args.stages - 1) % 2);
+      if (first + tile >= last) {
+        stage_tile[stage] = -1;
+        sm90::mbarrier_arrive(&full[stage]);
+        break;
+      }
+      stage_tile[stage] = first + tile;
+      issue_boxes(&map, args, args.block_table[first + tile], stages + stage * args.stage_bytes, &full[stage]);
+    }
+  } else if (threadIdx.x == 0) {
     const int chunks = kRequests * kPages / args.chunk_tiles;
     int chunk = atomicAdd(args.work_counter, 1);
     int next = chunk < chunks ? atomicAdd(args.work_counter, 1) : chunks;
@@ -266,6 +289,66 @@ __global__ void __launch_bounds__(kThreads, 1) page_size_stream_kernel(StreamArg
   }
 }
 
+// Part four: one bulk copy a page into the stage, re-laid out in place by warps 1-4 (kChunks
+// 16-byte chunks each: the tile's bytes / 16 / 128) into 64-row blocks of 128-byte lines with the
+// 128-byte swizzle, as the boxes land; warp 5 holds each converted stage.
+template <int kChunks>
+__global__ void __launch_bounds__(192, 1) relayout_stream_kernel(StreamArgs args) {
+  extern __shared__ __align__(1024) uint8_t stages[];
+  __shared__ uint64_t full[8], empty[8], converted[8];
+  const int request = blockIdx.x;
+  if (threadIdx.x == 0) {
+    if (args.spans != nullptr) args.spans[2 * blockIdx.x] = global_nanoseconds();
+    for (int stage = 0; stage < args.stages; ++stage) {
+      sm90::mbarrier_init(&full[stage], 1);
+      sm90::mbarrier_init(&converted[stage], 128);
+      sm90::mbarrier_init(&empty[stage], 32);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  const int* table = args.block_table + request * kPages;
+  const int tile_bytes = kPageTokens * args.row_bytes, row_chunks = args.row_bytes / 16;
+  if (threadIdx.x == 0) {
+    for (int tile = 0; tile < kPages; ++tile) {
+      const int stage = tile % args.stages;
+      if (tile >= args.stages) sm90::mbarrier_wait(&empty[stage], (tile / args.stages - 1) % 2);
+      sm90::mbarrier_arrive_expect_bytes(&full[stage], uint32_t(tile_bytes));
+      bulk_copy(stages + stage * args.stage_bytes, args.cache + int64_t(table[tile]) * tile_bytes, tile_bytes, &full[stage]);
+    }
+  } else if (threadIdx.x >= 32 && threadIdx.x < 160) {
+    const int thread = threadIdx.x - 32;
+    for (int tile = 0; tile < kPages; ++tile) {
+      const int stage = tile % args.stages;
+      uint8_t* base = stages + stage * args.stage_bytes;
+      sm90::mbarrier_wait(&full[stage], (tile / args.stages) % 2);
+      uint4 chunks[kChunks];
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) chunks[j] = reinterpret_cast<const uint4*>(base)[thread + 128 * j];
+      asm volatile("bar.sync 1, 128;" ::: "memory");  // every chunk read before any is overwritten
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int chunk = thread + 128 * j, row = chunk / row_chunks, column = chunk % row_chunks;
+        *reinterpret_cast<uint4*>(base + (column / 8) * (kPageTokens * 128) + row * 128 + (((column % 8) ^ (row % 8)) * 16)) =
+            chunks[j];
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      sm90::mbarrier_arrive(&converted[stage]);
+    }
+  } else if (threadIdx.x >= 160) {
+    unsigned checksum = 0;
+    for (int tile = 0; tile < kPages; ++tile) {
+      const int stage = tile % args.stages;
+      sm90::mbarrier_wait(&converted[stage], (tile / args.stages) % 2);
+      consume_stage(stages + stage * args.stage_bytes, &empty[stage], args, checksum);
+    }
+    if (threadIdx.x == 160) {
+      args.checksum[request] = checksum;
+      if (args.spans != nullptr) args.spans[2 * blockIdx.x + 1] = global_nanoseconds();
+    }
+  }
+}
+
 CUtensorMap make_map(const uint8_t* cache, int element_bytes, int box_dims, int total_pages) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   void* function = nullptr;
@@ -286,6 +369,28 @@ CUtensorMap make_map(const uint8_t* cache, int element_bytes, int box_dims, int 
     std::exit(1);
   }
   return map;
+}
+
+// The boxes loader as the split kernels stream D2 (parts two and four): the tensor map, the bytes
+// of the whole cache, and the arguments with the kernels' stages (two of 72 KB for the 16-bit
+// narrow kernel, five of 40 KB for the FP8 one at 16 rows) and their shared memory.
+struct KernelStream {
+  CUtensorMap map;
+  int64_t bytes;
+  StreamArgs args;
+  int shared;
+};
+KernelStream kernel_stream(const uint8_t* cache, const int* block_table, unsigned* checksum, int total_pages,
+                           int element_bytes, int* work_counter, unsigned long long* spans) {
+  const int row_bytes = kDims * element_bytes, box_dims = element_bytes == 1 ? 128 : 64;
+  KernelStream stream{make_map(cache, element_bytes, box_dims, total_pages), int64_t(total_pages) * kPageTokens * row_bytes,
+                      StreamArgs{cache, block_table, checksum, row_bytes, box_dims * element_bytes,
+                                 (kDims + box_dims - 1) / box_dims, 0, 0, 0, 0, work_counter, 1, spans},
+                      0};
+  stream.args.stage_bytes = (stream.args.boxes * stream.args.box_bytes * kPageTokens + 1023) / 1024 * 1024;
+  stream.args.stages = element_bytes == 1 ? 5 : 2;
+  stream.shared = std::max(stream.args.stages * stream.args.stage_bytes, 116 * 1024);
+  return stream;
 }
 
 // When the CTAs of one launch end (us after the first start), and how busy they kept the grid.
@@ -310,7 +415,7 @@ void print_spans(const unsigned long long* device_spans, int ctas) {
 
 int main(int argc, char** argv) {
   const std::string part = argc > 1 ? argv[1] : "";
-  const bool schedules_only = part == "schedules", pages_only = part == "pages";
+  const bool schedules_only = part == "schedules", pages_only = part == "pages", relayout_only = part == "relayout";
   cudaDeviceProp properties{};
   check(cudaGetDeviceProperties(&properties, 0), "properties");
   std::printf("%s, %d SMs\n", properties.name, properties.multiProcessorCount);
@@ -345,7 +450,7 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&work_counter, sizeof(int)), "counter");
   check(cudaMalloc(&spans, 2 * 1024 * sizeof(unsigned long long)), "spans");
   for (int element_bytes : {1, 2}) {
-    if (schedules_only || pages_only) break;
+    if (schedules_only || pages_only || relayout_only) break;
     const int row_bytes = kDims * element_bytes;
     const int box_dims = element_bytes == 1 ? 128 : 64;
     const CUtensorMap map = make_map(cache, element_bytes, box_dims, total_pages);
@@ -387,28 +492,60 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Schedules: the boxes loader, one CTA per request against chunks claimed by one CTA per SM.
-  if (!pages_only) {
+  // Page copies re-laid out: the boxes, the bare page copy and the page copy re-laid out in place,
+  // one CTA per request (the page copy lands in the start of the swizzled blocks' stage).
+  if (relayout_only) {
+    std::printf("\nrelayout (one CTA per request; the boxes, the page copy, the page copy re-laid out in place)\n");
+    std::printf("%-6s %-30s %7s %6s %10s %10s %8s\n", "cache", "loader", "stages", "hold", "us", "GB/s", "of copy");
+    for (int element_bytes : {2, 1}) {
+      KernelStream kernels = kernel_stream(cache, block_table, checksum, total_pages, element_bytes, work_counter, spans);
+      const CUtensorMap& map = kernels.map;
+      const int64_t bytes = kernels.bytes;
+      StreamArgs& args = kernels.args;
+      const int shared = kernels.shared;
+      auto relayout = element_bytes == 1 ? relayout_stream_kernel<kPageTokens * kDims / 16 / 128>
+                                         : relayout_stream_kernel<kPageTokens * kDims * 2 / 16 / 128>;
+      check(cudaFuncSetAttribute(relayout, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
+      check(cudaFuncSetAttribute(stream_kernel<Loader::kBoxes>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
+      check(cudaFuncSetAttribute(stream_kernel<Loader::kPage>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
+      for (int hold : {0, element_bytes == 1 ? 1500 : 3000}) {
+        args.hold_cycles = hold;
+        for (int way = 0; way < 3; ++way) {
+          auto launch = [&] {
+            if (way == 0) stream_kernel<Loader::kBoxes><<<kRequests, kThreads, shared, stream>>>(map, args);
+            if (way == 1) stream_kernel<Loader::kPage><<<kRequests, kThreads, shared, stream>>>(map, args);
+            if (way == 2) relayout<<<kRequests, 192, shared, stream>>>(args);
+          };
+          const float us = median_us(stream, 2, 10, launch);
+          check(cudaGetLastError(), "launch");
+          const double rate = double(bytes) / (us * 1e3);
+          std::printf("%-6s %-30s %7d %6d %10.1f %10.0f %8.3f\n", element_bytes == 1 ? "fp8" : "bf16",
+                      way == 0 ? "boxes" : way == 1 ? "page copy" : "page copy, re-laid out", args.stages, hold, us, rate,
+                      rate / copy_rate);
+          launch();
+          check(cudaStreamSynchronize(stream), "spans launch");
+          print_spans(spans, kRequests);
+        }
+      }
+    }
+  }
+  // Schedules: the boxes loader, one CTA per request against one CTA per SM (balanced shares, or
+  // chunks claimed from a counter).
+  if (!pages_only && !relayout_only) {
     std::printf("\nschedules (boxes loader; counter zeroed before every launch, both schedules)\n");
     std::printf("%-6s %-30s %7s %6s %6s %10s %10s %8s\n", "cache", "schedule", "stages", "hold", "chunk", "us", "GB/s",
                 "of copy");
     for (int element_bytes : {2, 1}) {
-      const int row_bytes = kDims * element_bytes;
-      const int box_dims = element_bytes == 1 ? 128 : 64;
-      const CUtensorMap map = make_map(cache, element_bytes, box_dims, total_pages);
-      const int64_t bytes = int64_t(total_pages) * kPageTokens * row_bytes;
-      StreamArgs args{cache, block_table, checksum, row_bytes, box_dims * element_bytes, (kDims + box_dims - 1) / box_dims, 0, 0, 0, 0,
-                      work_counter, 1, spans};
-      args.stage_bytes = (args.boxes * args.box_bytes * kPageTokens + 1023) / 1024 * 1024;
-      // The kernels' stages: two of 72 KB (16-bit narrow), five of 36 KB (FP8 narrow at 16 rows);
-      // holds near their math a tile (D2 Hq 16 at the copy rate: ~4600 / ~2300 cycles a tile).
-      const int stages = element_bytes == 1 ? 5 : 2;
-      args.stages = stages;
-      const int shared = std::max(stages * args.stage_bytes, 116 * 1024);
+      // Holds near the kernels' math a tile (D2 Hq 16 at the copy rate: ~4600 / ~2300 cycles).
+      KernelStream kernels = kernel_stream(cache, block_table, checksum, total_pages, element_bytes, work_counter, spans);
+      const CUtensorMap& map = kernels.map;
+      const int64_t bytes = kernels.bytes;
+      StreamArgs& args = kernels.args;
+      const int stages = args.stages, shared = kernels.shared;
       for (int hold : {0, element_bytes == 1 ? 1500 : 3000}) {
         args.hold_cycles = hold;
-        for (int chunk : {0, 2, 8, 32}) {  // 0: static
-          args.chunk_tiles = std::max(chunk, 1);
+        for (int chunk : {0, -1, 2, 8, 32}) {  // 0: static, -1: balanced
+          args.chunk_tiles = std::max(chunk, 0);
           const int ctas = chunk == 0 ? kRequests : properties.multiProcessorCount;
           auto launch = [&] {
             check(cudaMemsetAsync(work_counter, 0, sizeof(int), stream), "counter");
@@ -424,7 +561,8 @@ int main(int argc, char** argv) {
           check(cudaGetLastError(), "launch");
           const double rate = double(bytes) / (us * 1e3);
           std::printf("%-6s %-30s %7d %6d %6d %10.1f %10.0f %8.3f\n", element_bytes == 1 ? "fp8" : "bf16",
-                      chunk == 0 ? "static (CTA per request)" : "dynamic (CTA per SM)", stages, hold, chunk, us, rate,
+                      chunk == 0 ? "static (CTA per request)" : chunk < 0 ? "balanced (CTA per SM, static)" : "dynamic (CTA per SM)",
+                      stages, hold, chunk, us, rate,
                       rate / copy_rate);
           launch();
           check(cudaStreamSynchronize(stream), "spans launch");
@@ -434,6 +572,10 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (relayout_only || schedules_only) {
+    check(cudaStreamSynchronize(stream), "end");
+    return 0;
+  }
   // Page sizes: a fresh random table per size (pages of the whole cache, each request its own).
   std::printf("\npage sizes (bulk copies of whole pages, random page order; CTA per request)\n");
   std::printf("%-6s %6s %7s %6s %10s %10s %8s\n", "cache", "page", "stages", "hold", "us", "GB/s", "of copy");
