@@ -290,8 +290,8 @@ __global__ void __launch_bounds__(kThreads, 1) page_size_stream_kernel(StreamArg
 }
 
 // Part four: one bulk copy a page into the stage, re-laid out in place by warps 1-4 (kChunks
-// 16-byte chunks each: the tile's bytes / 16 / 128) into 64-row blocks of 128-byte lines with the
-// 128-byte swizzle, as the boxes land; warp 5 holds each converted stage.
+// 16-byte chunks each: the tile's bytes / 16 / 128) into the layout the TMA boxes land in (64-row
+// blocks of 128-byte lines, the 128-byte swizzle); warp 5 holds each converted stage.
 template <int kChunks>
 __global__ void __launch_bounds__(192, 1) relayout_stream_kernel(StreamArgs args) {
   extern __shared__ __align__(1024) uint8_t stages[];
