@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "kernels/sm90/tma.cuh"
+#include "kernels/sm90/wgmma.cuh"
 #include "micro_common.cuh"
 
 namespace sm90 = openmla::kernels::sm90;
@@ -190,7 +191,8 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
   }
 }
 
-// The boxes loader over claimed chunks (the dynamic schedule). Stage slot `stage_tile` carries the
+// The boxes loader over claimed chunks (the dynamic schedule) or over one equal share of all
+// requests' tiles (the balanced schedule: chunk_tiles 0). Stage slot `stage_tile` carries the
 // tile's global index, -1 once the counter ran out (the producer then completes the stage's full
 // barrier without bytes, so the consumer learns the end from the stage it waits for anyway).
 __global__ void __launch_bounds__(kThreads, 1) dynamic_stream_kernel(const __grid_constant__ CUtensorMap map, StreamArgs args) {
@@ -199,40 +201,35 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_stream_kernel(const __gri
   __shared__ int stage_tile[8];
   init_stages(full, empty, args);
   __syncthreads();
-  if (threadIdx.x == 0 && args.chunk_tiles == 0) {  // balanced: tiles [first, last) of all requests'
+  if (threadIdx.x == 0) {
+    // The tiles still to issue, [next_tile, end_tile) of all requests' ([request][kPages]): the
+    // balanced schedule's one share, or the dynamic one's current chunk, then the chunk claimed
+    // ahead (`ahead`, none once the counter ran out).
     const int tiles = kRequests * kPages;
-    const int first = int(int64_t(tiles) * blockIdx.x / gridDim.x), last = int(int64_t(tiles) * (blockIdx.x + 1) / gridDim.x);
+    const int chunks = args.chunk_tiles == 0 ? 0 : tiles / args.chunk_tiles;
+    int next_tile = 0, end_tile = 0, ahead = chunks;
+    if (args.chunk_tiles == 0) {
+      next_tile = int(int64_t(tiles) * blockIdx.x / gridDim.x);
+      end_tile = int(int64_t(tiles) * (blockIdx.x + 1) / gridDim.x);
+    } else if (const int chunk = atomicAdd(args.work_counter, 1); chunk < chunks) {
+      ahead = atomicAdd(args.work_counter, 1);
+      next_tile = chunk * args.chunk_tiles;
+      end_tile = next_tile + args.chunk_tiles;
+    }
     for (int tile = 0;; ++tile) {
       const int stage = tile % args.stages;
       if (tile >= args.stages) sm90::mbarrier_wait(&empty[stage], (tile / args.stages - 1) % 2);
-      if (first + tile >= last) {
+      if (next_tile >= end_tile) {
         stage_tile[stage] = -1;
         sm90::mbarrier_arrive(&full[stage]);
         break;
       }
-      stage_tile[stage] = first + tile;
-      issue_boxes(&map, args, args.block_table[first + tile], stages + stage * args.stage_bytes, &full[stage]);
-    }
-  } else if (threadIdx.x == 0) {
-    const int chunks = kRequests * kPages / args.chunk_tiles;
-    int chunk = atomicAdd(args.work_counter, 1);
-    int next = chunk < chunks ? atomicAdd(args.work_counter, 1) : chunks;
-    for (int tile = 0, within = 0;; ++tile) {
-      const int stage = tile % args.stages;
-      if (tile >= args.stages) sm90::mbarrier_wait(&empty[stage], (tile / args.stages - 1) % 2);
-      if (chunk >= chunks) {
-        stage_tile[stage] = -1;
-        sm90::mbarrier_arrive(&full[stage]);
-        break;
-      }
-      const int global_tile = chunk * args.chunk_tiles + within;
-      stage_tile[stage] = global_tile;
-      const int page = args.block_table[global_tile];  // [request][kPages]: request = global_tile / kPages
-      issue_boxes(&map, args, page, stages + stage * args.stage_bytes, &full[stage]);
-      if (++within == args.chunk_tiles) {
-        within = 0;
-        chunk = next;
-        if (next < chunks) next = atomicAdd(args.work_counter, 1);
+      stage_tile[stage] = next_tile;
+      issue_boxes(&map, args, args.block_table[next_tile], stages + stage * args.stage_bytes, &full[stage]);
+      if (++next_tile == end_tile && ahead < chunks) {
+        next_tile = ahead * args.chunk_tiles;
+        end_tile = next_tile + args.chunk_tiles;
+        ahead = atomicAdd(args.work_counter, 1);
       }
     }
   }
@@ -332,7 +329,7 @@ __global__ void __launch_bounds__(192, 1) relayout_stream_kernel(StreamArgs args
         *reinterpret_cast<uint4*>(base + (column / 8) * (kPageTokens * 128) + row * 128 + (((column % 8) ^ (row % 8)) * 16)) =
             chunks[j];
       }
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      sm90::fence_shared_for_async_proxy();
       sm90::mbarrier_arrive(&converted[stage]);
     }
   } else if (threadIdx.x >= 160) {
@@ -532,7 +529,7 @@ int main(int argc, char** argv) {
   // Schedules: the boxes loader, one CTA per request against one CTA per SM (balanced shares, or
   // chunks claimed from a counter).
   if (!pages_only && !relayout_only) {
-    std::printf("\nschedules (boxes loader; counter zeroed before every launch, both schedules)\n");
+    std::printf("\nschedules (boxes loader; counter zeroed before every launch, every schedule)\n");
     std::printf("%-6s %-30s %7s %6s %6s %10s %10s %8s\n", "cache", "schedule", "stages", "hold", "chunk", "us", "GB/s",
                 "of copy");
     for (int element_bytes : {2, 1}) {
