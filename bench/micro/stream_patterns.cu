@@ -31,6 +31,12 @@
 // into registers, a barrier, each chunk to its swizzled place), then held by the consumer warp;
 // against the TMA boxes and the bare page copy in the same run. Whether the pages' DRAM pattern
 // keeps its rate once a re-layout sits in every stage's cycle.
+// `openmla-stream-patterns grouped` runs only the fifth part (perf log, session 57): the 16-bit
+// tile as the split kernels land it now (key_tiles.cuh GroupedTile: 5-D boxes whose blocks and
+// 8-key groups land [group][block][line]), with the latent dims in boxes of 4 blocks (the
+// kernels' KeyTileParts: 3 boxes a tile), 8 (SmallPageKeyTileParts: 2) or all 9 blocks in one
+// box; against part one's boxes and the page copy in the same run. Whether a box that reads each
+// 8-key group's 9 KB whole streams as the page copy does.
 // `openmla-stream-patterns pages` runs only the third part (perf log, session 42): whole pages
 // of 16 to 256 tokens in a random order, each 64-key tile as contiguous bulk copies of its
 // pages (4 of 9 KB at FP8 pages of 16), with the split kernels' stages. Whether the DRAM
@@ -346,6 +352,70 @@ __global__ void __launch_bounds__(192, 1) relayout_stream_kernel(StreamArgs args
   }
 }
 
+// Part five: each tile as the grouped boxes of the split kernels (5-D view, box per part: blocks
+// [first, first + n) of all 8 groups, landing [group][block][line] at the part's start), with
+// n = args.boxes latent blocks a box and, where n does not divide the 9 blocks, the rest one block
+// a box (`block_map`), as the kernels' rope box.
+__global__ void __launch_bounds__(kThreads, 1) grouped_stream_kernel(const __grid_constant__ CUtensorMap parts_map,
+                                                                      const __grid_constant__ CUtensorMap block_map,
+                                                                      StreamArgs args) {
+  extern __shared__ __align__(1024) uint8_t stages[];
+  __shared__ uint64_t full[8], empty[8];
+  const int request = blockIdx.x;
+  init_stages(full, empty, args);
+  __syncthreads();
+  const int* table = args.block_table + request * kPages;
+  constexpr int kBlocks = kDims / 64, kBlockBytes = kPageTokens * 128;
+  if (threadIdx.x == 0) {
+    for (int tile = 0; tile < kPages; ++tile) {
+      const int stage = tile % args.stages;
+      if (tile >= args.stages) sm90::mbarrier_wait(&empty[stage], (tile / args.stages - 1) % 2);
+      const int page = table[tile];
+      uint8_t* destination = stages + stage * args.stage_bytes;
+      sm90::mbarrier_arrive_expect_bytes(&full[stage], uint32_t(kBlocks * kBlockBytes));
+      int block = 0;
+      for (; block + args.boxes <= kBlocks; block += args.boxes) {
+        sm90::tma_load_group_box(destination + block * kBlockBytes, &parts_map, 0, block, 0, page, &full[stage]);
+      }
+      for (; block < kBlocks; ++block) {
+        sm90::tma_load_group_box(destination + block * kBlockBytes, &block_map, 0, block, 0, page, &full[stage]);
+      }
+    }
+  }
+  if (threadIdx.x >= 32) {
+    const unsigned checksum = consume_tiles(stages, full, empty, args, kPages);
+    if (threadIdx.x == 32) {
+      args.checksum[request] = checksum;
+      if (args.spans != nullptr) args.spans[2 * blockIdx.x + 1] = global_nanoseconds();
+    }
+  }
+}
+
+// The split kernels' 5-D view of a 16-bit cache (dense_decode.cu make_key_maps), boxes of
+// `part_blocks` blocks of 64 dims x 8 groups of 8 tokens.
+CUtensorMap make_grouped_map(const uint8_t* cache, int part_blocks, int total_pages) {
+  using Encode = PFN_cuTensorMapEncodeTiled_v12000;
+  void* function = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found),
+        "cuTensorMapEncodeTiled");
+  const cuuint64_t row_bytes = kDims * 2;
+  const cuuint64_t sizes[5] = {64, 8, cuuint64_t(kDims / 64), kPageTokens / 8, cuuint64_t(total_pages)};
+  const cuuint64_t strides[4] = {row_bytes, 128, 8 * row_bytes, kPageTokens * row_bytes};
+  const cuuint32_t box[5] = {64, 8, cuuint32_t(part_blocks), kPageTokens / 8, 1};
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  CUtensorMap map{};
+  const CUresult result = reinterpret_cast<Encode>(function)(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 5, const_cast<uint8_t*>(cache), sizes, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    std::fprintf(stderr, "grouped tensor map (%d blocks a box): %d\n", part_blocks, int(result));
+    std::exit(1);
+  }
+  return map;
+}
+
 CUtensorMap make_map(const uint8_t* cache, int element_bytes, int box_dims, int total_pages) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   void* function = nullptr;
@@ -413,6 +483,7 @@ void print_spans(const unsigned long long* device_spans, int ctas) {
 int main(int argc, char** argv) {
   const std::string part = argc > 1 ? argv[1] : "";
   const bool schedules_only = part == "schedules", pages_only = part == "pages", relayout_only = part == "relayout";
+  const bool grouped_only = part == "grouped";
   cudaDeviceProp properties{};
   check(cudaGetDeviceProperties(&properties, 0), "properties");
   std::printf("%s, %d SMs\n", properties.name, properties.multiProcessorCount);
@@ -447,7 +518,7 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&work_counter, sizeof(int)), "counter");
   check(cudaMalloc(&spans, 2 * 1024 * sizeof(unsigned long long)), "spans");
   for (int element_bytes : {1, 2}) {
-    if (schedules_only || pages_only || relayout_only) break;
+    if (schedules_only || pages_only || relayout_only || grouped_only) break;
     const int row_bytes = kDims * element_bytes;
     const int box_dims = element_bytes == 1 ? 128 : 64;
     const CUtensorMap map = make_map(cache, element_bytes, box_dims, total_pages);
@@ -489,6 +560,44 @@ int main(int argc, char** argv) {
     }
   }
 
+  // Grouped boxes: the kernels' 16-bit tile loads by box size, beside part one's boxes and the
+  // page copy (one CTA per request, the 16-bit narrow kernel's two 72 KB stages).
+  if (grouped_only) {
+    std::printf("\ngrouped (16-bit, one CTA per request; latent blocks a box: 4 = the kernels' tiles now)\n");
+    std::printf("%-36s %7s %6s %10s %10s %8s\n", "loader", "stages", "hold", "us", "GB/s", "of copy");
+    KernelStream kernels = kernel_stream(cache, block_table, checksum, total_pages, 2, work_counter, spans);
+    StreamArgs& args = kernels.args;
+    const int shared = kernels.shared;
+    const CUtensorMap block_map = make_grouped_map(cache, 1, total_pages);
+    check(cudaFuncSetAttribute(grouped_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
+    check(cudaFuncSetAttribute(stream_kernel<Loader::kBoxes>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
+    check(cudaFuncSetAttribute(stream_kernel<Loader::kPage>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
+    const int boxes = args.boxes;
+    for (int round = 0; round < 2; ++round) {
+      for (int hold : {0, 3000}) {
+        args.hold_cycles = hold;
+        for (int way : {0, 4, 8, 9, 1}) {  // 0: part one's boxes, 1: the page copy, else blocks a box
+          const CUtensorMap parts_map = make_grouped_map(cache, way > 1 ? way : 1, total_pages);
+          args.boxes = way > 1 ? way : boxes;
+          auto launch = [&] {
+            if (way == 0) stream_kernel<Loader::kBoxes><<<kRequests, kThreads, shared, stream>>>(kernels.map, args);
+            if (way == 1) stream_kernel<Loader::kPage><<<kRequests, kThreads, shared, stream>>>(kernels.map, args);
+            if (way > 1) grouped_stream_kernel<<<kRequests, kThreads, shared, stream>>>(parts_map, block_map, args);
+          };
+          const float us = median_us(stream, 2, 10, launch);
+          check(cudaGetLastError(), "launch");
+          const double rate = double(kernels.bytes) / (us * 1e3);
+          char name[64];
+          std::snprintf(name, sizeof name, "grouped, %d blocks a box", way);
+          std::printf("%-36s %7d %6d %10.1f %10.0f %8.3f\n",
+                      way == 0 ? "boxes (64 dims x 64 tokens)" : way == 1 ? "page copy" : name, args.stages, hold, us,
+                      rate, rate / copy_rate);
+        }
+      }
+    }
+    check(cudaStreamSynchronize(stream), "end");
+    return 0;
+  }
   // Page copies re-laid out: the boxes, the bare page copy and the page copy re-laid out in place,
   // one CTA per request (the page copy lands in the start of the swizzled blocks' stage).
   if (relayout_only) {
