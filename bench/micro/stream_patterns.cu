@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -393,7 +394,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_stream_kernel(const __gri
 
 // The split kernels' 5-D view of a 16-bit cache (dense_decode.cu make_key_maps), boxes of
 // `part_blocks` blocks of 64 dims x 8 groups of 8 tokens.
-CUtensorMap make_grouped_map(const uint8_t* cache, int part_blocks, int total_pages) {
+CUtensorMap make_grouped_map(const uint8_t* cache, int part_blocks, int total_pages,
+                             CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_128B) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   void* function = nullptr;
   cudaDriverEntryPointQueryResult found{};
@@ -407,8 +409,7 @@ CUtensorMap make_grouped_map(const uint8_t* cache, int part_blocks, int total_pa
   CUtensorMap map{};
   const CUresult result = reinterpret_cast<Encode>(function)(
       &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 5, const_cast<uint8_t*>(cache), sizes, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
     std::fprintf(stderr, "grouped tensor map (%d blocks a box): %d\n", part_blocks, int(result));
     std::exit(1);
@@ -416,7 +417,8 @@ CUtensorMap make_grouped_map(const uint8_t* cache, int part_blocks, int total_pa
   return map;
 }
 
-CUtensorMap make_map(const uint8_t* cache, int element_bytes, int box_dims, int total_pages) {
+CUtensorMap make_map(const uint8_t* cache, int element_bytes, int box_dims, int total_pages,
+                     CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_128B) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   void* function = nullptr;
   cudaDriverEntryPointQueryResult found{};
@@ -430,7 +432,7 @@ CUtensorMap make_map(const uint8_t* cache, int element_bytes, int box_dims, int 
   const CUresult result = reinterpret_cast<Encode>(function)(
       &map, element_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
       const_cast<uint8_t*>(cache), sizes, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
     std::fprintf(stderr, "tensor map: %d\n", int(result));
     std::exit(1);
@@ -564,11 +566,10 @@ int main(int argc, char** argv) {
   // page copy (one CTA per request, the 16-bit narrow kernel's two 72 KB stages).
   if (grouped_only) {
     std::printf("\ngrouped (16-bit, one CTA per request; latent blocks a box: 4 = the kernels' tiles now)\n");
-    std::printf("%-36s %7s %6s %10s %10s %8s\n", "loader", "stages", "hold", "us", "GB/s", "of copy");
+    std::printf("%-50s %7s %6s %10s %10s %8s\n", "loader", "stages", "hold", "us", "GB/s", "of copy");
     KernelStream kernels = kernel_stream(cache, block_table, checksum, total_pages, 2, work_counter, spans);
     StreamArgs& args = kernels.args;
     const int shared = kernels.shared;
-    const CUtensorMap block_map = make_grouped_map(cache, 1, total_pages);
     check(cudaFuncSetAttribute(grouped_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
     check(cudaFuncSetAttribute(stream_kernel<Loader::kBoxes>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
     check(cudaFuncSetAttribute(stream_kernel<Loader::kPage>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "smem");
@@ -576,21 +577,28 @@ int main(int argc, char** argv) {
     for (int round = 0; round < 2; ++round) {
       for (int hold : {0, 3000}) {
         args.hold_cycles = hold;
-        for (int way : {0, 4, 8, 9, 1}) {  // 0: part one's boxes, 1: the page copy, else blocks a box
-          const CUtensorMap parts_map = make_grouped_map(cache, way > 1 ? way : 1, total_pages);
-          args.boxes = way > 1 ? way : boxes;
+        // way: 0 part one's boxes, 1 the page copy, else latent blocks a grouped box; the boxes with
+        // the kernels' L2 promotion (128 B) and with 256 B (theirs until session 57).
+        for (int way : {0, 4, 8, 9, 1, 10, 14, 19}) {
+          const auto promotion = way < 10 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+          const int shape = way % 10;
+          const CUtensorMap parts_map = make_grouped_map(cache, shape > 1 ? shape : 1, total_pages, promotion);
+          const CUtensorMap block_map = make_grouped_map(cache, 1, total_pages, promotion);
+          const CUtensorMap box_map = make_map(cache, 2, 64, total_pages, promotion);
+          args.boxes = shape > 1 ? shape : boxes;
           auto launch = [&] {
-            if (way == 0) stream_kernel<Loader::kBoxes><<<kRequests, kThreads, shared, stream>>>(kernels.map, args);
-            if (way == 1) stream_kernel<Loader::kPage><<<kRequests, kThreads, shared, stream>>>(kernels.map, args);
-            if (way > 1) grouped_stream_kernel<<<kRequests, kThreads, shared, stream>>>(parts_map, block_map, args);
+            if (shape == 0) stream_kernel<Loader::kBoxes><<<kRequests, kThreads, shared, stream>>>(box_map, args);
+            if (shape == 1) stream_kernel<Loader::kPage><<<kRequests, kThreads, shared, stream>>>(kernels.map, args);
+            if (shape > 1) grouped_stream_kernel<<<kRequests, kThreads, shared, stream>>>(parts_map, block_map, args);
           };
           const float us = median_us(stream, 2, 10, launch);
           check(cudaGetLastError(), "launch");
           const double rate = double(kernels.bytes) / (us * 1e3);
           char name[64];
-          std::snprintf(name, sizeof name, "grouped, %d blocks a box", way);
-          std::printf("%-36s %7d %6d %10.1f %10.0f %8.3f\n",
-                      way == 0 ? "boxes (64 dims x 64 tokens)" : way == 1 ? "page copy" : name, args.stages, hold, us,
+          std::snprintf(name, sizeof name, "%s, L2 promotion %s", shape == 0 ? "boxes (64 dims x 64 tokens)" : "grouped",
+                        way < 10 ? "128 B" : "256 B");
+          if (shape > 1) std::snprintf(name + std::strlen(name), sizeof name - std::strlen(name), ", %d blocks a box", shape);
+          std::printf("%-50s %7d %6d %10.1f %10.0f %8.3f\n", shape == 1 ? "page copy" : name, args.stages, hold, us,
                       rate, rate / copy_rate);
         }
       }

@@ -50,6 +50,10 @@ void require_alignment(const char* argument, const TensorView& view, int bytes) 
 // dims (half the box rows of 64-dim ones, which the TMA takes at its own pace; V^T by
 // ldmatrix.trans, fp8_fragments.cuh WideValueFragments), `latent` boxes of dims 0..511, `rope`
 // boxes of 128 dims in a view of whole rows, from the kernels' raw_rope_first_dim (by page size).
+// L2 promotion 128 B, the box line's own size: with 256 B every 128-byte line a box reads pulls
+// a 256-byte L2 fetch whose other half another box (or part) reads later, and on an H200 that cost
+// the streams 6-7% (bf16 D2 Hq16 301 -> 279 us, FP8 Hq16 -3%, D5 -2.6%; perf log, session 57);
+// an H100 read none / 128 / 256 B alike for bf16 (session 4).
 KeyMaps make_key_maps(const TensorView& cache, int latent_part_blocks) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   static Encode encode = [] {
@@ -74,7 +78,7 @@ KeyMaps make_key_maps(const TensorView& cache, int latent_part_blocks) {
     const CUresult result =
         encode(&map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, cuuint32_t(rank), cache.data,
                sizes, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (result != CUDA_SUCCESS) {
       throw Error(ErrorKind::kInvalidArgument, kOp, "kv_cache",
                   "cannot be described to the TMA (cuTensorMapEncodeTiled error " + std::to_string(int(result)) +
