@@ -224,8 +224,8 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
   const int tile_index = blockIdx.x;
   const int first_row = tile_index * kRowsPerTile;
   const int rows_here = min(kRowsPerTile, args.rows - first_row);
-  const CtaWork work = start_split_cta<(kFp8Q ? 1 : 2), kFp8Cache>(&maps, args, first_row, rows_here,
-                                                                            reinterpret_cast<int*>(stages));
+  const CtaWork work = start_split_cta<(kFp8Q ? 1 : 2), kFp8Cache, false, KeyParts>(&maps, args, first_row, rows_here,
+                                                                                      reinterpret_cast<int*>(stages));
   const int batch_index = work.batch_index, split = work.split;
   const KeyRange range = split_key_range(args, work, first_row, rows_here);
   const int32_t* table_row = args.block_table + int64_t(batch_index) * args.block_table_row;

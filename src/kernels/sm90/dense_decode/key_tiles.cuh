@@ -388,15 +388,17 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
 // the row's entries and the cache's pages), and the producer reads them again after the wait.
 // What it buys: the chain seq_lens -> block table -> first tile (~4 us of a D4 CTA's ~8.6, perf
 // log session 30) runs while the previous kernel ends (the combine step lets the next grid start
-// at its own start): a 16-bit tile's first part (what S starts on; the whole tile was slower on
-// D4 B1 / B2), an FP8 tile whole; two tiles of a split longer than two (D5's four: -3.6..5.6%),
+// at its own start): the tile whole (below); two tiles of a split longer than two (D5's four: -3.6..5.6%),
 // else one (D4 B4's two: +1..4% with both; H100, perf log session 40). At most two boxes (pages),
 // unrolled: a rolled loop made ptxas spill in every kernel, and unrolled for a tile of four pages
 // this was 7 KB of code before the wait.
-// How: a 16-bit tile's first part as one TMA prefetch box a page, by one thread (the last); an FP8
-// tile as line prefetches over the last warp (the SM's load path; as TMA boxes, the latent's and
-// the rope's, FP8 D5 PDL ran 3.5% and B2 1-2.5% slower, B4 1-1.5% faster; the 16-bit part as
-// lines measured no gain: H100, perf log session 48). Called by those threads (prefetch_threads).
+// How: a 16-bit tile whole, one TMA prefetch box a part and page (KeyParts: the kernel's layout), by
+// one thread (the last); an FP8 tile as line prefetches over the last warp (the SM's load path; as
+// TMA boxes, the latent's and the rope's, FP8 D5 PDL ran 3.5% and B2 1-2.5% slower, B4 1-1.5%
+// faster: H100, perf log session 48, under 256-byte L2 promotion). Until session 57 the 16-bit
+// tile's first part only: with 256-byte promotion the whole tile had been slower on D4 B1 / B2
+// (sessions 40, 48); with 128-byte promotion (6a7d2bb) it is 2.5-4.5% faster on every bf16 D4 /
+// D5 case (H200, perf log session 57). Called by those threads (prefetch_threads).
 constexpr int kMaxPrefetchBoxes = 2;
 template <bool kFp8Cache>
 __device__ __forceinline__ bool prefetch_threads() {
@@ -406,7 +408,7 @@ __device__ __forceinline__ bool prefetch_threads() {
 // pages: the entries it read (-1 where none or out of the cache).
 // kMayHalve: the range in value halves (key_range_of), where the kernel speculates in both halves;
 // a halved request's tiles are prefetched once, by the half-0 splits, but read by both.
-template <bool kFp8Cache, bool kMayHalve = false>
+template <bool kFp8Cache, bool kMayHalve = false, class KeyParts = KeyTileParts>
 __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, const SplitArgs& args, int first_row,
                                                         int rows_here, int (&pages)[kMaxTileBoxes]) {
 #pragma unroll
@@ -434,7 +436,12 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
         prefetch_line_to_l2(rows + (unit / kLines) * args.cache_token_bytes + min((unit % kLines) * 128, kHeadDim - 1));
       }
     } else {
-      tma_prefetch_group_box(&maps->latent, 0, 0, token / 8, page);  // the latent part (block 0 on)
+      // The whole tile, one box a part (KeyParts: the kernel's).
+#pragma unroll
+      for (int part = 0; part < KeyParts::kParts; ++part) {
+        tma_prefetch_group_box(part + 1 < KeyParts::kParts ? &maps->latent : &maps->rope, 0, KeyParts::first_block(part),
+                               token / 8, page);
+      }
     }
   }
   return length;
@@ -456,7 +463,7 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
 // kMayHalve: the kernel works in value halves (key_range_of); then the range read before the
 // wait is in halves too, so that a half-1 split speculates on its own tile (the prefetch takes a
 // halved tile once, in half 0).
-template <int kQueryElementBytes, bool kFp8Cache, bool kMayHalve = false>
+template <int kQueryElementBytes, bool kFp8Cache, bool kMayHalve = false, class KeyParts = KeyTileParts>
 __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const SplitArgs& args, int first_row,
                                                    int rows_here, int* scratch, EarlyPages* early = nullptr,
                                                    uint64_t* speculative_landed = nullptr,
@@ -476,7 +483,7 @@ __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const Sp
     start_early_loads<kQueryElementBytes>(maps, args, int(blockIdx.y), first_row, rows_here);
     if (args.prefetch_before_wait && prefetch_threads<kFp8Cache>()) {
       int pages[kMaxTileBoxes];
-      const int length = prefetch_first_key_tiles<kFp8Cache, kMayHalve>(maps, args, first_row, rows_here, pages);
+      const int length = prefetch_first_key_tiles<kFp8Cache, kMayHalve, KeyParts>(maps, args, first_row, rows_here, pages);
       // Where the first tile's entries are (after the wait, only the loads). (The range is worked
       // out again: ptxas does not merge it with the prefetch's, ~45 instructions, but returning it
       // from there measured FP8 D4 B2 PDL 1.7% and 2.4% slower in two A/B calls, B4 1.1-1.4%
