@@ -3,7 +3,10 @@
 // by three ways of loading a 64-key tile:
 //   boxes   the split kernels' TMA: a 3-D tensor map (dim, token, page), boxes of 64 (16-bit) or
 //           128 (FP8) dims x 64 tokens, 128-byte swizzle: 9 or 5 boxes a tile, each reading a
-//           128-byte piece of every token's row (576 or 1152 bytes apart)
+//           128-byte piece of every token's row (576 or 1152 bytes apart). Every tensor map here
+//           promotes L2 fetches to 128 bytes, as the kernels' do since session 57; until then
+//           both used 256 bytes, which cost an H200's box streams 6-10% (perf log, session 57:
+//           the figures of sessions 32-56 from this program were taken so)
 //   boxes, prefetched  the same, each page first prefetched whole into L2 (one bulk prefetch),
 //           `ahead` tiles before its boxes
 //   page    one 1-D bulk copy of the tile's 64 contiguous rows (the page itself)
