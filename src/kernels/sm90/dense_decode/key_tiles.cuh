@@ -463,6 +463,8 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
 // kMayHalve: the kernel works in value halves (key_range_of); then the range read before the
 // wait is in halves too, so that a half-1 split speculates on its own tile (the prefetch takes a
 // halved tile once, in half 0).
+// KeyParts: a 16-bit tile's layout in the kernel (KeyTileParts; the 64-row kernel's
+// SmallPageKeyTileParts at small pages), whose parts the prefetch takes one box each.
 template <int kQueryElementBytes, bool kFp8Cache, bool kMayHalve = false, class KeyParts = KeyTileParts>
 __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const SplitArgs& args, int first_row,
                                                    int rows_here, int* scratch, EarlyPages* early = nullptr,
