@@ -151,8 +151,11 @@ __device__ __forceinline__ unsigned consume_tiles(const uint8_t* stages, uint64_
   return checksum;
 }
 
-template <Loader kLoader>
-__global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_constant__ CUtensorMap map, StreamArgs args) {
+// One CTA's static stream of its request's tiles: thread 0 issues each tile into the ring of
+// stages with `issue_tile(tile, page, destination, landed)` (the loader), the consumer warp holds
+// and releases them (consume_tiles), then stores its checksum and, with args.spans, its end.
+template <class IssueTile>
+__device__ __forceinline__ void stream_request(const StreamArgs& args, IssueTile issue_tile) {
   extern __shared__ __align__(1024) uint8_t stages[];
   __shared__ uint64_t full[8], empty[8];
   const int request = blockIdx.x;
@@ -160,36 +163,10 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
   __syncthreads();
   const int* table = args.block_table + request * kPages;
   if (threadIdx.x == 0) {
-    const int padded = args.row_bytes + 16;
     for (int tile = 0; tile < kPages; ++tile) {
       const int stage = tile % args.stages;
       if (tile >= args.stages) sm90::mbarrier_wait(&empty[stage], (tile / args.stages - 1) % 2);
-      const int page = table[tile];
-      uint8_t* destination = stages + stage * args.stage_bytes;
-      if constexpr (kLoader == Loader::kBoxesPrefetched) {
-        const int page_bytes = kPageTokens * args.row_bytes;
-        if (tile == 0) {
-          for (int ahead = 0; ahead < args.prefetch_ahead && ahead < kPages; ++ahead) {
-            prefetch_to_l2(args.cache + int64_t(table[ahead]) * page_bytes, page_bytes);
-          }
-        }
-        if (tile + args.prefetch_ahead < kPages) {
-          prefetch_to_l2(args.cache + int64_t(table[tile + args.prefetch_ahead]) * page_bytes, page_bytes);
-        }
-      }
-      if constexpr (kLoader == Loader::kBoxes || kLoader == Loader::kBoxesPrefetched) {
-        issue_boxes(&map, args, page, destination, &full[stage]);
-      } else if constexpr (kLoader == Loader::kPage) {
-        sm90::mbarrier_arrive_expect_bytes(&full[stage], uint32_t(kPageTokens * args.row_bytes));
-        bulk_copy(destination, args.cache + int64_t(page) * kPageTokens * args.row_bytes, kPageTokens * args.row_bytes,
-                  &full[stage]);
-      } else {
-        sm90::mbarrier_arrive_expect_bytes(&full[stage], uint32_t(kPageTokens * args.row_bytes));
-        const uint8_t* source = args.cache + int64_t(page) * kPageTokens * args.row_bytes;
-        for (int token = 0; token < kPageTokens; ++token) {
-          bulk_copy(destination + token * padded, source + token * args.row_bytes, args.row_bytes, &full[stage]);
-        }
-      }
+      issue_tile(tile, table[tile], stages + stage * args.stage_bytes, &full[stage]);
     }
   }
   if (threadIdx.x >= 32) {
@@ -199,6 +176,38 @@ __global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_consta
       if (args.spans != nullptr) args.spans[2 * blockIdx.x + 1] = global_nanoseconds();
     }
   }
+}
+
+template <Loader kLoader>
+__global__ void __launch_bounds__(kThreads, 1) stream_kernel(const __grid_constant__ CUtensorMap map, StreamArgs args) {
+  const int* table = args.block_table + blockIdx.x * kPages;
+  stream_request(args, [&](int tile, int page, uint8_t* destination, uint64_t* landed) {
+    if constexpr (kLoader == Loader::kBoxesPrefetched) {
+      const int page_bytes = kPageTokens * args.row_bytes;
+      if (tile == 0) {
+        for (int ahead = 0; ahead < args.prefetch_ahead && ahead < kPages; ++ahead) {
+          prefetch_to_l2(args.cache + int64_t(table[ahead]) * page_bytes, page_bytes);
+        }
+      }
+      if (tile + args.prefetch_ahead < kPages) {
+        prefetch_to_l2(args.cache + int64_t(table[tile + args.prefetch_ahead]) * page_bytes, page_bytes);
+      }
+    }
+    if constexpr (kLoader == Loader::kBoxes || kLoader == Loader::kBoxesPrefetched) {
+      issue_boxes(&map, args, page, destination, landed);
+    } else if constexpr (kLoader == Loader::kPage) {
+      sm90::mbarrier_arrive_expect_bytes(landed, uint32_t(kPageTokens * args.row_bytes));
+      bulk_copy(destination, args.cache + int64_t(page) * kPageTokens * args.row_bytes, kPageTokens * args.row_bytes,
+                landed);
+    } else {
+      const int padded = args.row_bytes + 16;
+      sm90::mbarrier_arrive_expect_bytes(landed, uint32_t(kPageTokens * args.row_bytes));
+      const uint8_t* source = args.cache + int64_t(page) * kPageTokens * args.row_bytes;
+      for (int token = 0; token < kPageTokens; ++token) {
+        bulk_copy(destination + token * padded, source + token * args.row_bytes, args.row_bytes, landed);
+      }
+    }
+  });
 }
 
 // The boxes loader over claimed chunks (the dynamic schedule) or over one equal share of all
@@ -363,84 +372,59 @@ __global__ void __launch_bounds__(192, 1) relayout_stream_kernel(StreamArgs args
 __global__ void __launch_bounds__(kThreads, 1) grouped_stream_kernel(const __grid_constant__ CUtensorMap parts_map,
                                                                       const __grid_constant__ CUtensorMap block_map,
                                                                       StreamArgs args) {
-  extern __shared__ __align__(1024) uint8_t stages[];
-  __shared__ uint64_t full[8], empty[8];
-  const int request = blockIdx.x;
-  init_stages(full, empty, args);
-  __syncthreads();
-  const int* table = args.block_table + request * kPages;
   constexpr int kBlocks = kDims / 64, kBlockBytes = kPageTokens * 128;
-  if (threadIdx.x == 0) {
-    for (int tile = 0; tile < kPages; ++tile) {
-      const int stage = tile % args.stages;
-      if (tile >= args.stages) sm90::mbarrier_wait(&empty[stage], (tile / args.stages - 1) % 2);
-      const int page = table[tile];
-      uint8_t* destination = stages + stage * args.stage_bytes;
-      sm90::mbarrier_arrive_expect_bytes(&full[stage], uint32_t(kBlocks * kBlockBytes));
-      int block = 0;
-      for (; block + args.boxes <= kBlocks; block += args.boxes) {
-        sm90::tma_load_group_box(destination + block * kBlockBytes, &parts_map, 0, block, 0, page, &full[stage]);
-      }
-      for (; block < kBlocks; ++block) {
-        sm90::tma_load_group_box(destination + block * kBlockBytes, &block_map, 0, block, 0, page, &full[stage]);
-      }
+  stream_request(args, [&](int, int page, uint8_t* destination, uint64_t* landed) {
+    sm90::mbarrier_arrive_expect_bytes(landed, uint32_t(kBlocks * kBlockBytes));
+    int block = 0;
+    for (; block + args.boxes <= kBlocks; block += args.boxes) {
+      sm90::tma_load_group_box(destination + block * kBlockBytes, &parts_map, 0, block, 0, page, landed);
     }
-  }
-  if (threadIdx.x >= 32) {
-    const unsigned checksum = consume_tiles(stages, full, empty, args, kPages);
-    if (threadIdx.x == 32) {
-      args.checksum[request] = checksum;
-      if (args.spans != nullptr) args.spans[2 * blockIdx.x + 1] = global_nanoseconds();
+    for (; block < kBlocks; ++block) {
+      sm90::tma_load_group_box(destination + block * kBlockBytes, &block_map, 0, block, 0, page, landed);
     }
+  });
+}
+
+// cuTensorMapEncodeTiled with the kernels' settings (128-byte swizzle, no OOB fill) and
+// `promotion`; exits with `what` on failure.
+CUtensorMap encode_tiled_map(const uint8_t* cache, CUtensorMapDataType type, int rank, const cuuint64_t* sizes,
+                             const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapL2promotion promotion,
+                             const char* what) {
+  using Encode = PFN_cuTensorMapEncodeTiled_v12000;
+  void* function = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found),
+        "cuTensorMapEncodeTiled");
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  CUtensorMap map{};
+  const CUresult result = reinterpret_cast<Encode>(function)(
+      &map, type, cuuint32_t(rank), const_cast<uint8_t*>(cache), sizes, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    std::fprintf(stderr, "%s: cuTensorMapEncodeTiled error %d\n", what, int(result));
+    std::exit(1);
   }
+  return map;
 }
 
 // The split kernels' 5-D view of a 16-bit cache (dense_decode.cu make_key_maps), boxes of
 // `part_blocks` blocks of 64 dims x 8 groups of 8 tokens.
 CUtensorMap make_grouped_map(const uint8_t* cache, int part_blocks, int total_pages,
                              CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_128B) {
-  using Encode = PFN_cuTensorMapEncodeTiled_v12000;
-  void* function = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found),
-        "cuTensorMapEncodeTiled");
   const cuuint64_t row_bytes = kDims * 2;
   const cuuint64_t sizes[5] = {64, 8, cuuint64_t(kDims / 64), kPageTokens / 8, cuuint64_t(total_pages)};
   const cuuint64_t strides[4] = {row_bytes, 128, 8 * row_bytes, kPageTokens * row_bytes};
   const cuuint32_t box[5] = {64, 8, cuuint32_t(part_blocks), kPageTokens / 8, 1};
-  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-  CUtensorMap map{};
-  const CUresult result = reinterpret_cast<Encode>(function)(
-      &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 5, const_cast<uint8_t*>(cache), sizes, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS) {
-    std::fprintf(stderr, "grouped tensor map (%d blocks a box): %d\n", part_blocks, int(result));
-    std::exit(1);
-  }
-  return map;
+  return encode_tiled_map(cache, CU_TENSOR_MAP_DATA_TYPE_UINT16, 5, sizes, strides, box, promotion, "grouped tensor map");
 }
 
 CUtensorMap make_map(const uint8_t* cache, int element_bytes, int box_dims, int total_pages,
                      CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_128B) {
-  using Encode = PFN_cuTensorMapEncodeTiled_v12000;
-  void* function = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found),
-        "cuTensorMapEncodeTiled");
   const cuuint64_t sizes[3] = {cuuint64_t(kDims), cuuint64_t(kPageTokens), cuuint64_t(total_pages)};
   const cuuint64_t strides[2] = {cuuint64_t(kDims * element_bytes), cuuint64_t(kDims * element_bytes * kPageTokens)};
   const cuuint32_t box[3] = {cuuint32_t(box_dims), cuuint32_t(kPageTokens), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  CUtensorMap map{};
-  const CUresult result = reinterpret_cast<Encode>(function)(
-      &map, element_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
-      const_cast<uint8_t*>(cache), sizes, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS) {
-    std::fprintf(stderr, "tensor map: %d\n", int(result));
-    std::exit(1);
-  }
-  return map;
+  return encode_tiled_map(cache, element_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
+                          sizes, strides, box, promotion, "tensor map");
 }
 
 // The boxes loader as the split kernels stream D2 (parts two and four): the tensor map, the bytes
