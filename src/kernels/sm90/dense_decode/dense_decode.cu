@@ -200,9 +200,6 @@ void dense_decode(const DenseDecodeParams& params) {
   args.block_table_row = params.block_table.stride(0);
   args.block_table_columns = int(params.block_table.size(1));
   args.cache_pages = int(cache.size(0));
-  args.cache = cache.ptr<const uint8_t>();
-  args.cache_token_bytes = cache.stride(1) * int64_t(dtype_size(cache.dtype));
-  args.cache_page_bytes = cache.stride(0) * int64_t(dtype_size(cache.dtype));
   args.seq_lens = params.seq_lens.ptr<const int32_t>();
   args.seq_lens_stride = params.seq_lens.stride(0);
   args.page_shift = log2_of(cache.size(1));

@@ -392,18 +392,14 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
 // else one (D4 B4's two: +1..4% with both; H100, perf log session 40). At most two boxes (pages),
 // unrolled: a rolled loop made ptxas spill in every kernel, and unrolled for a tile of four pages
 // this was 7 KB of code before the wait.
-// How: a 16-bit tile whole, one TMA prefetch box a part and page (KeyParts: the kernel's layout), by
-// one thread (the last); an FP8 tile as line prefetches over the last warp (the SM's load path; as
-// TMA boxes, the latent's and the rope's, FP8 D5 PDL ran 3.5% and B2 1-2.5% slower, B4 1-1.5%
-// faster: H100, perf log session 48, under 256-byte L2 promotion). Until session 57 the 16-bit
-// tile's first part only: with 256-byte promotion the whole tile had been slower on D4 B1 / B2
-// (sessions 40, 48); with 128-byte promotion (6a7d2bb) it is 2.5-4.5% faster on every bf16 D4 /
-// D5 case (H200, perf log session 57). Called by those threads (prefetch_threads).
+// How: the tile whole, one TMA prefetch box a part and page (the kernel's part layout: KeyParts
+// for a 16-bit cache, RawTileParts for FP8), by one thread (the last). Until session 57 the 16-bit
+// tile's first part only and an FP8 tile as line prefetches over the last warp: under 256-byte L2
+// promotion the whole 16-bit tile had been slower on D4 B1 / B2 (sessions 40, 48) and FP8 boxes
+// slower on D5 (+3.5%, H100, session 48); with 128-byte promotion (6a7d2bb) the whole 16-bit tile
+// is 2.5-4.5% faster on every bf16 D4 / D5 case and the FP8 boxes 1-3% on FP8 D4 B2 / D5 (H200,
+// perf log sessions 57, 58; neither timed on an H100 yet).
 constexpr int kMaxPrefetchBoxes = 2;
-template <bool kFp8Cache>
-__device__ __forceinline__ bool prefetch_threads() {
-  return kFp8Cache ? threadIdx.x >= blockDim.x - 32 : threadIdx.x == blockDim.x - 1;
-}
 // Returns the length it read.
 // pages: the entries it read (-1 where none or out of the cache).
 // kMayHalve: the range in value halves (key_range_of), where the kernel speculates in both halves;
@@ -429,19 +425,13 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
     pages[box] = page;
     const int token = key & (page_tokens - 1);
     if (range.value_half != 0) continue;
-    if constexpr (kFp8Cache) {  // each row's 576 bytes as 5 lines (a row may straddle lines)
-      constexpr int kLines = (kHeadDim + 127) / 128;
-      const uint8_t* rows = args.cache + page * args.cache_page_bytes + token * args.cache_token_bytes;
-      for (int unit = int(threadIdx.x % 32); unit < box_tokens * kLines; unit += 32) {
-        prefetch_line_to_l2(rows + (unit / kLines) * args.cache_token_bytes + min((unit % kLines) * 128, kHeadDim - 1));
-      }
-    } else {
-      // The whole tile, one box a part (KeyParts: the kernel's).
+    using Parts = std::conditional_t<kFp8Cache, RawTileParts, KeyParts>;
 #pragma unroll
-      for (int part = 0; part < KeyParts::kParts; ++part) {
-        tma_prefetch_group_box(part + 1 < KeyParts::kParts ? &maps->latent : &maps->rope, 0, KeyParts::first_block(part),
-                               token / 8, page);
-      }
+    for (int part = 0; part < Parts::kParts; ++part) {
+      // (An FP8 rope box reads a view of whole rows from raw_rope_first_dim; its block is a dummy.)
+      const bool rope = part + 1 == Parts::kParts;
+      tma_prefetch_group_box(rope ? &maps->rope : &maps->latent, rope && kFp8Cache ? raw_rope_first_dim(args.page_shift) : 0,
+                             rope && kFp8Cache ? 0 : Parts::first_block(part), token / 8, page);
     }
   }
   return length;
@@ -483,7 +473,7 @@ __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const Sp
   }
   if (!args.balanced) {
     start_early_loads<kQueryElementBytes>(maps, args, int(blockIdx.y), first_row, rows_here);
-    if (args.prefetch_before_wait && prefetch_threads<kFp8Cache>()) {
+    if (args.prefetch_before_wait && threadIdx.x == blockDim.x - 1) {
       int pages[kMaxTileBoxes];
       const int length = prefetch_first_key_tiles<kFp8Cache, kMayHalve, KeyParts>(maps, args, first_row, rows_here, pages);
       // Where the first tile's entries are (after the wait, only the loads). (The range is worked

@@ -65,10 +65,6 @@ struct SplitArgs {
   int32_t* split_counts;
   bool discard_read_partials;  // partial_out 128-byte aligned: the combine step drops read lines
   int batch;
-  // The cache's bytes, for the FP8 kernels' line prefetch before the PDL wait (key_tiles.cuh
-  // prefetch_first_key_tiles; the loads go through the TMA maps).
-  const uint8_t* cache;
-  int64_t cache_token_bytes, cache_page_bytes;
 };
 
 // 2^x in one MUFU.EX2, subnormal results flushed to zero (exp2f adds a range check and two
