@@ -189,6 +189,19 @@ struct KeyMaps {  // (CUtensorMap carries its own alignment)
   CUtensorMap latent;
   CUtensorMap rope;
 };
+// The box of a tile's part `part` (of Parts: KeyTileParts, SmallPageKeyTileParts or RawTileParts)
+// in those views: the map and the box's first dim and block. The rope part is the last; an FP8
+// rope box reads 128 dims of a view of whole rows from raw_rope_first_dim (its block a dummy).
+struct PartBox {
+  const CUtensorMap* map;
+  int dim, block;
+};
+template <bool kFp8Cache, class Parts>
+__device__ __forceinline__ PartBox part_box(const KeyMaps* maps, int part, int page_shift) {
+  const bool rope = part == Parts::kParts - 1, fp8_rope = kFp8Cache && rope;
+  return {rope ? &maps->rope : &maps->latent, fp8_rope ? raw_rope_first_dim(page_shift) : 0,
+          fp8_rope ? 0 : Parts::first_block(part)};
+}
 
 // Every split kernel's first step: the loads that need nothing but the kernel arguments start
 // at once (the TMA descriptor; the tile's query rows into L2, one 128-byte line per thread),
@@ -293,7 +306,6 @@ struct KeyTileLoader {
   __device__ __forceinline__ void issue(int tile, int stage, uint64_t* landed, int first_part = 0,
                                         int end_part = Parts::kParts) const {
     static_assert(kBarriers == 1 || kBarriers == Parts::kParts, "a barrier per part, or one for them all");
-    constexpr int kRope = Parts::kParts - 1;
     const int first_key = range.begin + tile * kTileKeys;
     const int boxes = boxes_of(tile), groups = box_tokens / 8;  // 8-key groups a box
     int blocks = 0;  // counted on landed[0] (one barrier)
@@ -310,17 +322,13 @@ struct KeyTileLoader {
 #pragma unroll
     for (int part = 0; part < Parts::kParts; ++part) {
       if (part < first_part || part >= end_part) continue;
-      // The rope part: an FP8 box reads 128 dims of a view of whole rows (raw_rope_first_dim).
-      const bool fp8_rope = kFp8Cache && part == kRope;
+      const PartBox source = part_box<kFp8Cache, Parts>(maps, part, args.page_shift);
 #pragma unroll
       for (int box = 0; box < kMaxTileBoxes; ++box) {
         if (box >= boxes) break;
         const int group = ((first_key + box * box_tokens) & ((1 << args.page_shift) - 1)) / 8;
         tma_load_group_box(destination + Parts::part_start(part) + box * groups * Parts::blocks_in(part) * 1024,
-                           part == kRope ? &maps->rope : &maps->latent,
-                           fp8_rope ? raw_rope_first_dim(args.page_shift) : 0,
-                           fp8_rope ? 0 : Parts::first_block(part), group, pages[box],
-                           &landed[kBarriers == 1 ? 0 : part]);
+                           source.map, source.dim, source.block, group, pages[box], &landed[kBarriers == 1 ? 0 : part]);
       }
     }
   }
@@ -428,10 +436,8 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
     using Parts = std::conditional_t<kFp8Cache, RawTileParts, KeyParts>;
 #pragma unroll
     for (int part = 0; part < Parts::kParts; ++part) {
-      // (An FP8 rope box reads a view of whole rows from raw_rope_first_dim; its block is a dummy.)
-      const bool rope = part + 1 == Parts::kParts;
-      tma_prefetch_group_box(rope ? &maps->rope : &maps->latent, rope && kFp8Cache ? raw_rope_first_dim(args.page_shift) : 0,
-                             rope && kFp8Cache ? 0 : Parts::first_block(part), token / 8, page);
+      const PartBox source = part_box<kFp8Cache, Parts>(maps, part, args.page_shift);
+      tma_prefetch_group_box(source.map, source.dim, source.block, token / 8, page);
     }
   }
   return length;
