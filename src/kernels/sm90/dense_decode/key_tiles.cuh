@@ -397,7 +397,7 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
 // What it buys: the chain seq_lens -> block table -> first tile (~4 us of a D4 CTA's ~8.6, perf
 // log session 30) runs while the previous kernel ends (the combine step lets the next grid start
 // at its own start): the tile whole (below); two tiles of a split longer than two (D5's four: -3.6..5.6%),
-// else one (D4 B4's two: +1..4% with both; H100, perf log session 40). At most two boxes (pages),
+// else one (D4 B4's two: +1..4% with both; H100, perf log session 40). At most two pages (a box a part each),
 // unrolled: a rolled loop made ptxas spill in every kernel, and unrolled for a tile of four pages
 // this was 7 KB of code before the wait.
 // How: the tile whole, one TMA prefetch box a part and page (the kernel's part layout: KeyParts
