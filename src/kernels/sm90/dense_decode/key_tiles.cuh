@@ -377,15 +377,11 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
       loader.template issue<kParts>(tile, stage, &full[(stage * kGroups + tile % kGroups) * kParts]);
     }
     if (tile + 1 < range.tiles) loader.read_pages(tile + 1);
-    // Tile 1 waits until tile 0 has landed: issued together, every CTA's first two tiles
-    // share the memory system's queues, so tile 0 lands only at the end of the whole GPU's
-    // first burst and the math starts late (D5: the stages then stand full while the next
-    // tiles cannot be requested). Later tiles are paced by the empty barriers.
-    if (tile == 0 && range.tiles > 1) {
-#pragma unroll
-      for (int part = 0; part < kParts; ++part) mbarrier_wait(&full[part], 0);
-      if (speculative_landed != nullptr) mbarrier_wait(speculative_landed, 0);
-    }
+    // Tiles are issued as fast as the stages free up, tile 1 without waiting for tile 0 to land.
+    // (Until session 60 tile 1 waited, so that tile 0 would not land only at the end of the
+    // whole GPU's first burst (H100, session 4: D4 B4 -4%). On an H200 with the first tiles
+    // prefetched before the PDL wait, not waiting was faster: D4 B4 PDL bf16 -4%, FP8 -2%,
+    // D5 -1% (PDL) / -3%, FP8 D2 Hq16 -1%; bf16 D5 Sq 2 PDL +4%: perf log, session 60.)
   }
 }
 
@@ -423,12 +419,18 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
   const int32_t* table_row = args.block_table + batch_index * args.block_table_row;
   const int page_tokens = 1 << args.page_shift, box_tokens = box_tokens_of(args);
   const int boxes = min((range.tiles > 2 ? 2 : min(range.tiles, 1)) * (kTileKeys / box_tokens), kMaxPrefetchBoxes);
+  // Every box's entry is loaded before any is used: one round trip for all of them. (Read and
+  // used box by box, the second tile's entry waited for the first's, and the chain before the
+  // wait took three round trips where a split prefetches two tiles: D5.)
+  int entries[kMaxPrefetchBoxes];
 #pragma unroll
   for (int box = 0; box < kMaxPrefetchBoxes; ++box) {
-    if (box >= boxes) break;
-    const int key = range.begin + box * box_tokens, entry = key >> args.page_shift;
-    if (unsigned(entry) >= unsigned(args.block_table_columns)) break;
-    const int page = __ldcg(table_row + entry);
+    const int entry = (range.begin + box * box_tokens) >> args.page_shift;
+    entries[box] = box < boxes && unsigned(entry) < unsigned(args.block_table_columns) ? __ldcg(table_row + entry) : -1;
+  }
+#pragma unroll
+  for (int box = 0; box < kMaxPrefetchBoxes; ++box) {
+    const int key = range.begin + box * box_tokens, page = entries[box];
     if (unsigned(page) >= unsigned(args.cache_pages)) continue;
     pages[box] = page;
     const int token = key & (page_tokens - 1);

@@ -262,7 +262,8 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       return tile == 0 ? -INFINITY : references[((tile - 1) % 2) * kRows + row_of_slot(slot)];
     };
     // Tile 0 lands on full[0] or, issued speculatively, on speculative_landed (start_split_cta);
-    // either way both complete, and tile 1 is issued only after tile 0 has landed. Waited for
+    // either way both complete (the odd tiles' group waits too, at no cost: its tile 1 needs the
+    // reference after tile 0, so tile 0 must have landed anyway). Waited for
     // here rather than at tile 0 in the loop: in the loop its address took a register that the
     // 32-row kernels do not have (C7512).
     if (speculative_landed != nullptr) mbarrier_wait(speculative_landed, 0);
