@@ -339,8 +339,7 @@ struct KeyTileLoader {
 // full[stage * kGroups + tile % kGroups] counts the bytes in.
 // With kGroups consumer groups taking the tiles in turn (tile t: group t % kGroups), each
 // (stage, group) pair has its own full barrier, so that every barrier is waited on by one
-// group only (and the producer itself, for tile 0's phase), which has seen all its earlier
-// phases: with one barrier per stage and kStages % kGroups != 0, a group could take the
+// group only, which has seen all its earlier phases: with one barrier per stage and kStages % kGroups != 0, a group could take the
 // parity of a phase another group's tile has not completed yet for its own (try_wait.parity
 // tells only the two latest phases apart).
 // The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
