@@ -339,9 +339,9 @@ struct KeyTileLoader {
 // full[stage * kGroups + tile % kGroups] counts the bytes in.
 // With kGroups consumer groups taking the tiles in turn (tile t: group t % kGroups), each
 // (stage, group) pair has its own full barrier, so that every barrier is waited on by one
-// group only, which has seen all its earlier phases: with one barrier per stage and kStages % kGroups != 0, a group could take the
-// parity of a phase another group's tile has not completed yet for its own (try_wait.parity
-// tells only the two latest phases apart).
+// group only, which has seen all its earlier phases: with one barrier per stage and
+// kStages % kGroups != 0, a group could take the parity of a phase another group's tile has not
+// completed yet for its own (try_wait.parity tells only the two latest phases apart).
 // The consumer of tile t waits for phase t / lcm(kStages, kGroups) (full_phase below).
 // kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile
 // (KeyParts: the 16-bit tile's layout).
