@@ -222,10 +222,13 @@ __device__ __forceinline__ void start_early_loads(const KeyMaps* maps, const Spl
   }
 }
 
-// Tokens in one TMA box of a key tile: a page, or the whole tile where pages are longer.
-__device__ __forceinline__ int box_tokens_of(const SplitArgs& args) { return min(1 << args.page_shift, kTileKeys); }
-// Boxes that hold `keys` consecutive keys from a tile's start.
-__device__ __forceinline__ int boxes_for_keys(int keys, int box_tokens) { return (keys + box_tokens - 1) / box_tokens; }
+// Tokens in one TMA box of a key tile: a page, or the whole tile where pages are longer; a power
+// of two, so box counts are shifts (a division by the box's tokens was ~25 instructions around a
+// MUFU.RCP, cold, on the way to each CTA's first tile issue).
+__device__ __forceinline__ int box_tokens_shift_of(const SplitArgs& args) { return min(args.page_shift, kTileKeysShift); }
+__device__ __forceinline__ int box_tokens_of(const SplitArgs& args) { return 1 << box_tokens_shift_of(args); }
+// Boxes that hold `keys` consecutive keys from a tile's start (boxes of 2^box_shift tokens).
+__device__ __forceinline__ int boxes_for_keys(int keys, int box_shift) { return (keys + (1 << box_shift) - 1) >> box_shift; }
 // Pages a tile spans at most (at the smallest page size, one box each).
 constexpr int kMaxTileBoxes = kTileKeys / 16;
 // The block-table entries of the first `boxes` boxes of the tile at `first_key` (0 for the others:
@@ -274,16 +277,16 @@ struct KeyTileLoader {
   const int32_t* table_row;
   const KeyRange& range;
   uint8_t* stages;
-  int box_tokens;
+  int box_shift, box_tokens;
   int pages[kMaxTileBoxes];
 
   __device__ __forceinline__ KeyTileLoader(const KeyMaps* maps, const SplitArgs& args, const int32_t* table_row,
                                            const KeyRange& range, uint8_t* stages)
       : maps(maps), args(args), table_row(table_row), range(range), stages(stages),
-        box_tokens(box_tokens_of(args)) {}
+        box_shift(box_tokens_shift_of(args)), box_tokens(1 << box_shift) {}
 
   __device__ __forceinline__ int boxes_of(int tile) const {
-    return boxes_for_keys(min(kTileKeys, range.length - (range.begin + tile * kTileKeys)), box_tokens);
+    return boxes_for_keys(min(kTileKeys, range.length - (range.begin + tile * kTileKeys)), box_shift);
   }
   // Tile 0's entries from `early` (EarlyPages, in shared memory) where they are this range's;
   // false where the caller must read them (read_pages).
@@ -307,7 +310,7 @@ struct KeyTileLoader {
                                         int end_part = Parts::kParts) const {
     static_assert(kBarriers == 1 || kBarriers == Parts::kParts, "a barrier per part, or one for them all");
     const int first_key = range.begin + tile * kTileKeys;
-    const int boxes = boxes_of(tile), groups = box_tokens / 8;  // 8-key groups a box
+    const int boxes = boxes_of(tile), groups = box_tokens >> 3;  // 8-key groups a box
     int blocks = 0;  // counted on landed[0] (one barrier)
 #pragma unroll
     for (int part = 0; part < Parts::kParts; ++part) {
@@ -346,6 +349,7 @@ struct KeyTileLoader {
 // kParts > 1: each (stage, group) has kParts full barriers, one per part of the tile
 // (KeyParts: the 16-bit tile's layout).
 // early (optional): tile 0's entries as published before the CTA barrier (EarlyPages).
+// tile_one_waits: tile 1 is issued only once tile 0 has landed (below).
 // speculative_landed (optional, with early): the barrier of a speculative copy of tile 0's first
 // barrier's parts (start_split_cta; KeyTileLoader::kSpeculativeParts). Where it is confirmed, the
 // producer only completes full[0]'s first phase (its consumers wait for both barriers) and issues
@@ -356,7 +360,7 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
                                                   const int32_t* table_row, const KeyRange& range,
                                                   uint8_t* stages, uint64_t* full, uint64_t* empty,
                                                   const EarlyPages* early = nullptr,
-                                                  uint64_t* speculative_landed = nullptr) {
+                                                  uint64_t* speculative_landed = nullptr, bool tile_one_waits = false) {
   KeyTileLoader<kFp8Cache, KeyParts> loader(maps, args, table_row, range, stages);
   const bool took_early = early != nullptr && loader.take_early_pages(*early);
   if (!took_early) loader.read_pages(0);
@@ -376,11 +380,19 @@ __device__ __forceinline__ void produce_key_tiles(const KeyMaps* maps, const Spl
       loader.template issue<kParts>(tile, stage, &full[(stage * kGroups + tile % kGroups) * kParts]);
     }
     if (tile + 1 < range.tiles) loader.read_pages(tile + 1);
-    // Tiles are issued as fast as the stages free up, tile 1 without waiting for tile 0 to land.
-    // (Until session 60 tile 1 waited, so that tile 0 would not land only at the end of the
-    // whole GPU's first burst (H100, session 4: D4 B4 -4%). On an H200 with the first tiles
-    // prefetched before the PDL wait, not waiting was faster: D4 B4 PDL bf16 -4%, FP8 -2%,
-    // D5 -1% (PDL) / -3%, FP8 D2 Hq16 -1%; bf16 D5 Sq 2 PDL +4%: perf log, session 60.)
+    // Tiles are issued as fast as the stages free up, tile 1 without waiting for tile 0 to land
+    // (narrow kernels, H200, first tiles prefetched before the PDL wait: D4 B4 PDL bf16 -4%, FP8
+    // -2%, D5 -1..3%, perf log session 60), except where row tiles share the keys (gridDim.x > 1:
+    // two to four CTAs read each tile) or the caller asks (tile_one_waits: the 64-row kernel,
+    // whose pair chain starts on tile 0 alone): there tile 1 waits, so that tile 0 does not land
+    // only at the end of the whole GPU's first burst (the wait is session 4's, H100: D4 B4 -4%
+    // then; without it, once the producer's issue had no division left, D4 Sq 4 B4 PDL read 3-5%
+    // slower on an H200: perf log, session 61).
+    if (tile == 0 && range.tiles > 1 && (tile_one_waits || gridDim.x > 1)) {
+#pragma unroll
+      for (int part = 0; part < kParts; ++part) mbarrier_wait(&full[part], 0);
+      if (speculative_landed != nullptr) mbarrier_wait(speculative_landed, 0);
+    }
   }
 }
 
@@ -416,8 +428,8 @@ __device__ __forceinline__ int prefetch_first_key_tiles(const KeyMaps* maps, con
   const int length = __ldcg(args.seq_lens + batch_index * args.seq_lens_stride);
   const KeyRange range = key_range_of<kMayHalve>(args, int(blockIdx.z), length, args.splits, first_row, rows_here);
   const int32_t* table_row = args.block_table + batch_index * args.block_table_row;
-  const int page_tokens = 1 << args.page_shift, box_tokens = box_tokens_of(args);
-  const int boxes = min((range.tiles > 2 ? 2 : min(range.tiles, 1)) * (kTileKeys / box_tokens), kMaxPrefetchBoxes);
+  const int page_tokens = 1 << args.page_shift, box_shift = box_tokens_shift_of(args), box_tokens = 1 << box_shift;
+  const int boxes = min((range.tiles > 2 ? 2 : min(range.tiles, 1)) << (kTileKeysShift - box_shift), kMaxPrefetchBoxes);
   // Every box's entry is loaded before any is used: one round trip for all of them. (Read and
   // used box by box, the second tile's entry waited for the first's, and the chain before the
   // wait took three round trips where a split prefetches two tiles: D5.)
@@ -493,9 +505,9 @@ __device__ __forceinline__ CtaWork start_split_cta(const KeyMaps* maps, const Sp
         const int table_keys = args.block_table_columns << args.page_shift;
         early->first_key = range.begin;
         early->boxes =
-            max(0, boxes_for_keys(min(range.begin + kTileKeys, min(length, table_keys)) - range.begin, box_tokens_of(args)));
+            max(0, boxes_for_keys(min(range.begin + kTileKeys, min(length, table_keys)) - range.begin, box_tokens_shift_of(args)));
         if (speculative_landed != nullptr && early->boxes <= kMaxPrefetchBoxes &&
-            early->boxes == boxes_for_keys(min(kTileKeys, length - range.begin), box_tokens_of(args))) {
+            early->boxes == boxes_for_keys(min(kTileKeys, length - range.begin), box_tokens_shift_of(args))) {
           early->speculative_boxes = early->boxes;
 #pragma unroll
           for (int box = 0; box < kMaxTileBoxes; ++box) {
