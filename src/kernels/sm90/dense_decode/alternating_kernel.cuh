@@ -246,10 +246,12 @@ __global__ void __launch_bounds__(alternating_threads<kFp8Cache>(), 1)
     set_register_count<kProducerRegisters, false>();
     if (threadIdx.x == kProducerStart) {
       if constexpr (kRawKeys) {
-        produce_key_tiles<true, kStages>(&maps, args, table_row, range, stages, full, empty, nullptr, nullptr, true);
+        produce_key_tiles<true, kStages>(&maps, args, table_row, range, stages, full, empty, /*early=*/nullptr,
+                                         /*speculative_landed=*/nullptr, /*tile_one_waits=*/true);
       } else {
-        produce_key_tiles<false, 2, 1, kKeyParts, KeyParts>(&maps, args, table_row, range, stages, full, empty, nullptr,
-                                                            nullptr, true);
+        produce_key_tiles<false, 2, 1, kKeyParts, KeyParts>(&maps, args, table_row, range, stages, full, empty,
+                                                            /*early=*/nullptr, /*speculative_landed=*/nullptr,
+                                                            /*tile_one_waits=*/true);
       }
     }
     return;
