@@ -395,33 +395,40 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
       }
     }
     meet(1);
-    // The finished rows: each row's normaliser, LSE and output offset (~100 instructions a row,
-    // with two divisions by the head count). At 16 rows one thread per row (lane `row` of the
-    // first group's warp 0): by the 4 lanes that hold a row's sums, per accumulator slot, this was
-    // kSlots unrolled copies of code that each CTA runs once and cold, between its last tile and
-    // the output warpgroup's epilogue (FP8 D4 B1 / B2 / B4 PDL -5..6%, H100, perf log session
-    // 43). At 32 rows any other form of this code (one thread per row; the slot loop rolled) made
-    // ptxas serialise the kernel's wgmma with a bf16 q (C7512: its output warpgroup's 200
-    // registers are at the edge), so the slots stay unrolled there.
-    auto finish = [&](int row, const OutputDestination& destination) {
-      const FinishedRow done =
-          finish_row(args, sums[row] + sums[kRows + row], references[(last % 2) * kRows + row], row < rows_here);
-      normalizers[row] = done.normalizer;
-      if (row < rows_here) {
-        store_row_lse(args, destination, batch_index, first_row + row, done.lse2);
-        row_offsets[row] = destination_row_offset(args, destination, batch_index, first_row + row);
-      }
-    };
-    if (first == 0 && warp == 0 && lane < (kRows == 16 ? kRows : 4)) {
-      const OutputDestination destination = output_destination(args, split);
-      if constexpr (kRows == 16) {
-        finish(lane, destination);
-      } else {
+    // The finished rows: each row's normaliser, handed to the output warpgroup at once (its
+    // stores wait for it), then the LSEs (stored after the handoff; the rows' output offsets
+    // are the output warpgroup's own, worked out before its first tile). In the order
+    // normaliser, LSE, offset before the handoff, the output warpgroup waited ~0.6 us for this
+    // code after its last products (FP8 D4 B1 PDL on an H200, perf log session 62). At 16 rows
+    // one thread per row (lane `row` of the first group's warp 0): by the 4 lanes that hold a
+    // row's sums, per accumulator slot, this was kSlots unrolled copies of code that each CTA runs
+    // once and cold (FP8 D4 B1 / B2 / B4 PDL -5..6%, H100, perf log session 43). At 32 rows any
+    // other form of this code (one thread per row; the slot loop rolled) made ptxas serialise
+    // the kernel's wgmma with a bf16 q (C7512: its output warpgroup's 200 registers are at the
+    // edge), so the slots stay unrolled there.
+    constexpr int kFinishingLanes = kRows == 16 ? kRows : 4, kRowsPerLane = kRows == 16 ? 1 : kSlots;
+    auto lane_row = [&](int index) { return kRows == 16 ? lane : row_of_slot(index); };
+    const bool finishes_rows = first == 0 && warp == 0 && lane < kFinishingLanes;
+    float row_lse2[kRowsPerLane];
+    if (finishes_rows) {
 #pragma unroll
-        for (int slot = 0; slot < kSlots; ++slot) finish(row_of_slot(slot), destination);
+      for (int index = 0; index < kRowsPerLane; ++index) {
+        const int row = lane_row(index);
+        const FinishedRow done =
+            finish_row(args, sums[row] + sums[kRows + row], references[(last % 2) * kRows + row], row < rows_here);
+        normalizers[row] = done.normalizer;
+        row_lse2[index] = done.lse2;
       }
     }
     if (first == 0) signal(finished);
+    if (finishes_rows) {
+      const OutputDestination destination = output_destination(args, split);
+#pragma unroll
+      for (int index = 0; index < kRowsPerLane; ++index) {
+        const int row = lane_row(index);
+        if (row < rows_here) store_row_lse(args, destination, batch_index, first_row + row, row_lse2[index]);
+      }
+    }
     return;
   }
 
@@ -429,6 +436,13 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   // fp8_fragments.cuh), in batches of two k steps (32 keys) x 2 M tiles, the next batch loaded and
   // widened while one runs.
   set_register_count<Layout::kOutputRegisters, true>();
+  // Each row's destination offset (a division by the head count and a 64-bit index chain),
+  // while this warpgroup waits for tile 0's P^T rather than after the last tile (the score
+  // warpgroup worked it out there, on the way to the stores: see the finished rows above).
+  if (warp == 0 && lane < rows_here) {
+    row_offsets[lane] = destination_row_offset(args, output_destination(args, split), batch_index, first_row + lane);
+  }
+  sync_named(kOutputBarrier, 128);  // (row_offsets: written by warp 0, read by every warp's stores)
   constexpr int kTiles = kLatentDim / 64, kBatches = (kTileKeys / 32) * (kTiles / 2);
   float output[kTiles][kRows / 2];
 #pragma unroll
@@ -514,27 +528,31 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   // of an M tile are adjacent dims of one query row, one float2.
   static_assert(transposed_value_dim(0, 0, 8) == transposed_value_dim(0, 0, 0) + 1, "rows g, g + 8: adjacent dims");
   const OutputDestination destination = output_destination(args, split);
+  // Accumulator elements i and i + 2 ((i / 2) % 2 == 0) of M tile j are two adjacent dims of
+  // query row row_of_slot(slot_of(i)): 64 j + lane_dims and the next. A row's stores are then
+  // at constant offsets from one address (with each store's dim and row test worked out in the
+  // loop, ptxas recomputed the dim and branched around every store: ~12 instructions a store,
+  // ~400 in all, of code that a D4 CTA runs once and cold; perf log session 62).
+  const int lane_dims = transposed_value_dim(0, 0, accumulator_row(warp, lane, 0));
+  static_assert(transposed_value_dim(1, 3, 5) == 64 * 7 + transposed_value_dim(0, 0, 5), "M tile j: dims 64 j on");
+  // Row `i`'s (slot_of(i)) normalised pairs at row_dims + 64 j (the row's lane_dims).
+  auto store_row_pairs = [&](int i, float* row_dims) {
+    const float factor = normalizer[slot_of(i)];
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      *reinterpret_cast<float2*>(row_dims + 64 * j) = make_float2(output[j][i] * factor, output[j][i + 2] * factor);
+    }
+  };
   if (!destination.final_output) {
     // A split's fp32 partial rows straight from the accumulators, as the 16-bit kernel's: a
     // warp's float2 store is 16 consecutive dims of 4 rows, whole 32-byte sectors, so no
     // staging. Rows past rows_here have no destination; a row without keys stores zeros (its
     // LSE is -inf, so the combine step never reads them).
-    float* row_starts[kSlots];
 #pragma unroll
-    for (int slot = 0; slot < kSlots; ++slot) {
-      const int row = row_of_slot(slot);
-      row_starts[slot] = row < rows_here ? args.partial_out + row_offsets[row] : nullptr;
-    }
-#pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
-#pragma unroll
-      for (int i = 0; i < kRows / 2; ++i) {
-        if ((i / 2) % 2 != 0 || row_of_slot(slot_of(i)) >= rows_here) continue;  // row r + 8: element i + 2
-        const int dim = transposed_value_dim(j / 4, j % 4, accumulator_row(warp, lane, i));
-        const float factor = normalizer[slot_of(i)];
-        *reinterpret_cast<float2*>(row_starts[slot_of(i)] + dim) =
-            make_float2(output[j][i] * factor, output[j][i + 2] * factor);
-      }
+    for (int i = 0; i < kRows / 2; ++i) {
+      const int row = row_of_slot(slot_of(i));
+      if ((i / 2) % 2 != 0 || row >= rows_here) continue;  // row r + 8: element i + 2
+      store_row_pairs(i, args.partial_out + row_offsets[row] + lane_dims);
     }
     return;
   }
@@ -543,15 +561,9 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
   sync_named(kOutputBarrier, 128);
   float* staged = reinterpret_cast<float*>(stages);
 #pragma unroll
-  for (int j = 0; j < kTiles; ++j) {
-#pragma unroll
-    for (int i = 0; i < kRows / 2; ++i) {
-      if ((i / 2) % 2 != 0) continue;  // accumulator row r + 8: element i + 2
-      const int dim = transposed_value_dim(j / 4, j % 4, accumulator_row(warp, lane, i));
-      const float factor = normalizer[slot_of(i)];
-      *reinterpret_cast<float2*>(&staged[row_of_slot(slot_of(i)) * Layout::kStagedRowFloats + dim]) =
-          make_float2(output[j][i] * factor, output[j][i + 2] * factor);
-    }
+  for (int i = 0; i < kRows / 2; ++i) {
+    if ((i / 2) % 2 != 0) continue;  // accumulator row r + 8: element i + 2
+    store_row_pairs(i, staged + row_of_slot(slot_of(i)) * Layout::kStagedRowFloats + lane_dims);
   }
   sync_named(kOutputBarrier, 128);
   store_staged_rows<1, Layout::kStagedRowFloats, 0>(args, destination, staged, row_offsets, rows_here, threadIdx.x,
