@@ -414,8 +414,8 @@ __global__ void __launch_bounds__(NarrowFp8Layout<kFp8Q, kRows>::kThreads, 1)
 #pragma unroll
       for (int index = 0; index < kRowsPerLane; ++index) {
         const int row = lane_row(index);
-        const FinishedRow done =
-            finish_row(args, sums[row] + sums[kRows + row], references[(last % 2) * kRows + row], row < rows_here);
+        const FinishedRow done = finish_row<true>(args, sums[row] + sums[kRows + row],
+                                                  references[(last % 2) * kRows + row], row < rows_here);
         normalizers[row] = done.normalizer;
         row_lse2[index] = done.lse2;
       }
