@@ -36,13 +36,15 @@
 // reference after tile t, b = t % 2), published[b] (score -> output: tile t's P^T, factors and
 // moved flag), consumed[b] (output -> score: tile t's products are done, buffer b may be
 // rewritten for t + 2), scores_met (the score groups: Q loaded, row sums in), finished (score ->
-// output: row normalisers, LSEs and row offsets). The raw stages are released by the output
-// warpgroup once a tile's V^T is in registers; a score warpgroup's reads of the stage end before
-// it publishes the tile, so before that.
+// output: the rows' normalisers; the score warpgroup stores the LSEs after it, and the output
+// warpgroup works out its rows' offsets itself before tile 0). The raw stages are released by
+// the output warpgroup once a tile's V^T is in registers; a score warpgroup's reads of the stage
+// end before it publishes the tile, so before that.
 // Epilogue (as narrow_kernel.cuh): the output warpgroup stores a split's fp32 partial rows
 // straight from its accumulators, and stages the bf16 output's normalised rows (dims in the
 // fragments' order, transposed_value_dim, restored here) in the free key stages to store them
-// row-contiguously.
+// row-contiguously; either way each row's stores at constant offsets from one address. A
+// one-tile CTA (D4) runs all of this once and cold, so its instruction count is its time.
 // Row tiles as narrow_kernel.cuh's (one of <= 32 rows, or 16-row tiles of up to 64).
 // Limits: tiles of 16 or 32 rows, FP8 E4M3 cache, q bf16 (as e4m3 parts) or e4m3 (an fp16 q
 // takes an fp16 cache only).
