@@ -704,14 +704,14 @@ __device__ __forceinline__ void stage_transposed_output(int warpgroup, int lane,
   }
 }
 
-// A finished row of the 64-row kernel (both of its flows) and the narrow FP8 kernel: its output
-// normaliser (value_scale / sum; 0 for a row without keys or past the tile's rows) and its base-2
-// LSE (-inf without keys), from the row's sum of probabilities relative to `reference` (the
-// running maximum, or the lazy reference). kApproximate: the one-instruction reciprocal and
-// log2 (split_common.cuh), as the 16-bit narrow kernel computes them; in the narrow FP8 kernel
-// the accurate forms were ~60 instructions (log2f's polynomial, the division's slow-path check)
-// on the way from a one-tile CTA's row sums to its output stores, run once and cold (FP8 D4
-// PDL -0.5..1.3% on an H200). The 64-row kernel keeps them: there the approximate forms changed
+// A finished row of every split kernel: its output normaliser (value_scale / sum; 0 for a row
+// without keys or past the tile's rows) and its base-2 LSE (-inf without keys), from the row's
+// sum of probabilities relative to `reference` (the running maximum, or the lazy reference).
+// kApproximate (the narrow kernels): the one-instruction reciprocal and log2 (split_common.cuh);
+// in the narrow FP8 kernel the accurate forms were ~60 instructions (log2f's polynomial, the
+// division's slow-path check) on the way from a one-tile CTA's row sums to its output stores,
+// run once and cold (FP8 D4 PDL -0.5..1.3% on an H200). The 64-row kernel keeps the accurate
+// forms: there the approximate ones changed
 // only register choices in its main loop, and bf16 D1 Hq128 B4 read 3-6% slower in two calls
 // (within that case's spread between calls, but not taken; perf log session 62).
 struct FinishedRow {

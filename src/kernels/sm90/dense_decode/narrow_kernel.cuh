@@ -444,10 +444,10 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
   float normalizer[kSlots], row_lse[kSlots];
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) {
-    const float sum = output[kSumBlock][4 * (slot / 2) + slot % 2];
     const float reference = running_max[slot] == -INFINITY ? 0.0f : running_max[slot];
-    normalizer[slot] = sum == 0.0f ? 0.0f : args.value_scale * fast_reciprocal(sum);
-    row_lse[slot] = sum == 0.0f ? -INFINITY : reference + fast_log2(sum);
+    const FinishedRow done = finish_row<true>(args, output[kSumBlock][4 * (slot / 2) + slot % 2], reference, true);
+    normalizer[slot] = done.normalizer;
+    row_lse[slot] = done.lse2;
   }
   const OutputDestination destination = output_destination(args, split);
   // Lanes 0..3 of warp 0 hold every row (lane % 4 picks the rows).
@@ -461,12 +461,14 @@ __global__ void __launch_bounds__(NarrowLayout<kRows>::kThreads, 1)
     // -inf, so the combine step never reads them).
     // Halved: half 0 stores the LSEs, half 1 -inf at its own split's slot (the values go to the
     // key split's row).
+    // The split's LSE row from one address (per row, the 64-bit index chain was ~22 cold
+    // instructions, kSlots copies on warp 0's way to its stores).
     if (holds_row_lses) {
+      float* lses = args.partial_lse + partial_row_index(args, split, batch_index, first_row);
 #pragma unroll
       for (int slot = 0; slot < kSlots; ++slot) {
         const int row = row_of_slot(slot);
-        const float lse = value_half == 0 ? row_lse[slot] : -INFINITY;
-        if (row < rows_here) store_row_lse(args, destination, batch_index, first_row + row, lse);
+        if (row < rows_here) lses[row] = value_half == 0 ? row_lse[slot] : -INFINITY;
       }
     }
     float* rows = partial_output_row(args, range.key_split, batch_index, first_row) + value_half * (kLatentDim / 2) +
