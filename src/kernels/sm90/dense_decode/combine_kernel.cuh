@@ -68,9 +68,16 @@ __device__ __forceinline__ void add_weighted(float4& sum, float weight, const fl
 }
 
 // The merged row's LSE (base 2) from the largest split LSE and the sum of the weights
-// 2^(l_i - max): NaN if any split was NaN, -inf if no split had a key.
+// 2^(l_i - max): NaN if any split was NaN, -inf if no split had a key. (The weights, their sum's
+// reciprocal and its log2 in one MUFU instruction each, split_common.cuh: the sum is in [1,
+// splits], and the accurate forms' range checks and slow-path call were cold code that each
+// block runs once.)
 __device__ __forceinline__ float merged_lse2(bool has_nan, float max_lse, float weight_sum) {
-  return has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + log2f(weight_sum);
+  return has_nan ? NAN : weight_sum == 0.0f ? -INFINITY : max_lse + fast_log2(weight_sum);
+}
+__device__ __forceinline__ float merged_weight(float split_lse, float max_lse) { return fast_exp2(split_lse - max_lse); }
+__device__ __forceinline__ float merged_inverse(float weight_sum) {
+  return weight_sum == 0.0f ? 0.0f : fast_reciprocal(weight_sum);
 }
 
 // kMaxSplits: the plan's splits at most; each group keeps kMaxSplits / 8 loads in flight. The
@@ -116,7 +123,8 @@ __global__ void __launch_bounds__(kCombineThreads, kMaxSplits <= kCombineFewSpli
   __syncthreads();
   const float max_lse = has_nan ? NAN : float_from_order_key(max_key);
   // A split without keys has LSE -inf and an unwritten output: weight 0, never read.
-  const float weight = thread < args.splits && split_lse != -INFINITY && !has_nan ? exp2f(split_lse - max_lse) : 0.0f;
+  const float weight =
+      thread < args.splits && split_lse != -INFINITY && !has_nan ? merged_weight(split_lse, max_lse) : 0.0f;
   if (thread < args.splits) weights[thread] = weight;
   // The weights' sum as a fixed tree (the same result every run); a serial loop over the 128
   // shared-memory values was a chain of 128 dependent loads.
@@ -149,10 +157,12 @@ __global__ void __launch_bounds__(kCombineThreads, kMaxSplits <= kCombineFewSpli
                                                              first_column) + column_thread;
   const int64_t part_step = kCombineGroups * split_stride * (kLatentDim / 4);  // in float4
   float4 parts[kInFlight];
+  const float4* part = first_part;
 #pragma unroll
   for (int i = 0; i < kInFlight; ++i) {
     parts[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (group_weights[i] > 0.0f) parts[i] = first_part[i * part_step];
+    if (group_weights[i] > 0.0f) parts[i] = *part;
+    part += part_step;
   }
 #pragma unroll
   for (int i = 0; i < kInFlight; ++i) add_weighted(sum, group_weights[i], parts[i]);
@@ -177,7 +187,7 @@ __global__ void __launch_bounds__(kCombineThreads, kMaxSplits <= kCombineFewSpli
     sum.w += part.w;
   }
   if (has_nan) sum = make_float4(NAN, NAN, NAN, NAN);
-  const float inverse = weight_sum == 0.0f ? 0.0f : 1.0f / weight_sum;
+  const float inverse = merged_inverse(weight_sum);
   store_bf16_quad(output_row(args, batch_index, m) + first_column + 4 * column_thread,
                   make_float4(sum.x * inverse, sum.y * inverse, sum.z * inverse, sum.w * inverse));
   if (column_thread == 0 && first_column == 0) {
@@ -217,7 +227,7 @@ __global__ void __launch_bounds__(32 * kCombineRowsPerBlock) dense_decode_combin
 #pragma unroll
   for (int mask = 16; mask > 0; mask /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, mask));
   // Empty splits (LSE -inf) have weight 0 and an unwritten output: never read.
-  const float own_weight = split_lse != -INFINITY && !has_nan ? exp2f(split_lse - max_lse) : 0.0f;
+  const float own_weight = split_lse != -INFINITY && !has_nan ? merged_weight(split_lse, max_lse) : 0.0f;
   const float* first_split = partial_output_row(args, 0, batch_index, m) + lane * kCombineRowColumns;
   const int64_t split_floats = partial_rows_per_split(args) * kLatentDim;
   // Splits in chunks, each chunk's loads in flight at once; summed in split order, so the
@@ -255,7 +265,7 @@ __global__ void __launch_bounds__(32 * kCombineRowsPerBlock) dense_decode_combin
       if (lane % 2 == 0 && weight > 0.0f) discard_partial_line(first_split + split * split_floats);
     }
   }
-  const float inverse = weight_sum == 0.0f ? 0.0f : 1.0f / weight_sum;
+  const float inverse = merged_inverse(weight_sum);
   uint16_t* out = output_row(args, batch_index, m) + lane * kCombineRowColumns;
 #pragma unroll
   for (int quad = 0; quad < kCombineRowColumns / 4; ++quad) {
