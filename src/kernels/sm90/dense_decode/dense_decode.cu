@@ -298,7 +298,8 @@ void dense_decode(const DenseDecodeParams& params) {
     const bool lean = plan.splits <= kCombineFewSplits && blocks > kCombineLeanAboveBlocksPerSm * int64_t(sm_count);
     const auto combine =
         lean ? dense_decode_combine_kernel<kCombineFewSplits> : dense_decode_combine_kernel<int(kMaxDecodeSplits)>;
-    launch_kernel(kOp, combine, dim3(unsigned(blocks)), dim3(kCombineThreads), 0, stream, kCombineOverlaps, args);
+    launch_kernel(kOp, combine, dim3(unsigned(args.rows * kCombineColumnBlocks), unsigned(batch)),
+                  dim3(kCombineThreads), 0, stream, kCombineOverlaps, args);
   }
 }
 
