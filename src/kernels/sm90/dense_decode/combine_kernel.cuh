@@ -102,8 +102,8 @@ __global__ void __launch_bounds__(kCombineThreads, kMaxSplits <= kCombineFewSpli
   allow_next_grid();  // (see start_split_cta: the next call's split kernel prefetches meanwhile)
   wait_for_previous_grid();  // PDL: the split kernel's partial results are complete and visible
 
-  // Grid (rows x 8, batch): the request from blockIdx.y, so that no division by args.rows (~30
-  // instructions) stands before the LSE load.
+  // Grid (rows x 8, batch): the request from blockIdx.y, so that no division by args.rows (~25
+  // instructions, run once and cold) stands between the wait and the LSE load.
   const int batch_index = int(blockIdx.y), m = int(blockIdx.x) / kCombineColumnBlocks;
   const int first_column = (blockIdx.x % kCombineColumnBlocks) * (kLatentDim / kCombineColumnBlocks);
   // partial_row_index, with the per-split stride taken once for the unrolled loads below

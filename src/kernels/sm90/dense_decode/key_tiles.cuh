@@ -711,9 +711,9 @@ __device__ __forceinline__ void stage_transposed_output(int warpgroup, int lane,
 // in the narrow FP8 kernel the accurate forms were ~60 instructions (log2f's polynomial, the
 // division's slow-path check) on the way from a one-tile CTA's row sums to its output stores,
 // run once and cold (FP8 D4 PDL -0.5..1.3% on an H200). The 64-row kernel keeps the accurate
-// forms: there the approximate ones changed
-// only register choices in its main loop, and bf16 D1 Hq128 B4 read 3-6% slower in two calls
-// (within that case's spread between calls, but not taken; perf log session 62).
+// forms: there the approximate ones changed only register choices in its main loop, and bf16 D1
+// Hq128 B4 read 3-6% slower in two calls (within that case's spread between calls, but not
+// taken; perf log session 62).
 struct FinishedRow {
   float normalizer, lse2;
 };
